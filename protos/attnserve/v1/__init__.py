@@ -1,0 +1,1 @@
+"""attnserve.v1: generated protobuf and gRPC stubs (see protos/generate.py)."""
