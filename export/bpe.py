@@ -1,0 +1,53 @@
+"""The shared English / Traditional Chinese BPE vocabulary, trained with Hugging Face `tokenizers`.
+
+Pieces never cross a CJK character (each becomes its own pre-token), and words carry a `▁` marker, so the
+server can merge pieces back into words without a Chinese segmenter (docs/model-contract.md,
+`word_boundary: metaspace-cjk`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+# Fixed ids: the manifest and the training code rely on this order.
+SPECIAL_TOKENS = ["<pad>", "<unk>", "</s>", "<s>", "<2en>", "<2zh-TW>"]
+PAD_ID, UNK_ID, EOS_ID = 0, 1, 2
+LANGUAGE_TOKENS = {"en": "<2en>", "zh-TW": "<2zh-TW>"}
+
+# CJK ideographs, kana, CJK and full-width punctuation: each is split off on its own.
+CJK_PATTERN = r"[\u2E80-\u2FFF\u3000-\u303F\u3040-\u9FFF\uF900-\uFAFF\uFE30-\uFE4F\uFF00-\uFFEF]"
+
+
+def new_tokenizer() -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    # NFC only: NFKC would fold full-width Chinese punctuation (，。) into ASCII.
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(CJK_PATTERN), "isolated"),
+            pre_tokenizers.Metaspace("▁", prepend_scheme="first"),
+        ]
+    )
+    tokenizer.decoder = decoders.Metaspace("▁", prepend_scheme="first")
+    return tokenizer
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+    """Trains the shared vocabulary on both languages' text."""
+    tokenizer = new_tokenizer()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    for index, token in enumerate(SPECIAL_TOKENS):
+        assert tokenizer.token_to_id(token) == index, f"special token {token} must have id {index}"
+    return tokenizer
+
+
+def language_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
+    return {lang: tokenizer.token_to_id(token) for lang, token in LANGUAGE_TOKENS.items()}

@@ -1,0 +1,259 @@
+"""Trains the bidirectional zh-TW <-> en Transformer on data/corpus (built by attnserve.export.corpus.build).
+
+Seeded, resumable (the run folder keeps `last.pt`; rerunning the same command continues from it), logs to
+`<run>/train.log`. One model serves both directions: every pair gives an en->zh and a zh->en example, and
+the decoder starts with the target-language token.
+
+    python -m attnserve.export.train --corpus data/corpus --run ~/.cache/attnserve/runs/zh-en --minutes 90
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import pathlib
+import random
+import time
+
+import torch
+from tokenizers import Tokenizer
+from torch.nn import functional as F
+from tqdm import tqdm
+
+from attnserve.export import bpe
+from attnserve.export.model import Transformer, TransformerConfig
+
+log = logging.getLogger("attnserve.train")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    # Shared BPE vocabulary size (both languages).
+    vocab_size: int = 16000
+    # Examples longer than this many tokens on either side are skipped.
+    max_tokens: int = 128
+    # Target tokens per optimizer step (batches are built from length-sorted buckets).
+    batch_tokens: int = 3000
+    # Peak learning rate reached after `warmup_steps`, then inverse-square-root decay.
+    lr: float = 1e-3
+    warmup_steps: int = 600
+    label_smoothing: float = 0.1
+    seed: int = 1234
+    # Minutes between checkpoints / dev evaluations.
+    checkpoint_minutes: float = 5.0
+
+
+def read_pairs(path: pathlib.Path) -> list[tuple[str, str]]:
+    pairs = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        en, _, zh = line.partition("\t")
+        if en and zh:
+            pairs.append((en, zh))
+    return pairs
+
+
+def make_examples(pairs, tokenizer: Tokenizer, max_tokens: int) -> list[tuple[list[int], list[int]]]:
+    """Both directions of every pair as (source ids + EOS, [lang] + target ids + EOS)."""
+    lang = bpe.language_token_ids(tokenizer)
+    en_ids = [e.ids for e in tokenizer.encode_batch([en for en, _ in pairs])]
+    zh_ids = [e.ids for e in tokenizer.encode_batch([zh for _, zh in pairs])]
+    examples = []
+    for en, zh in zip(en_ids, zh_ids):
+        if len(en) >= max_tokens or len(zh) >= max_tokens:
+            continue
+        examples.append((en + [bpe.EOS_ID], [lang["zh-TW"]] + zh + [bpe.EOS_ID]))
+        examples.append((zh + [bpe.EOS_ID], [lang["en"]] + en + [bpe.EOS_ID]))
+    return examples
+
+
+def make_batches(examples, batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Groups example indices of similar length so padding stays small; shuffles the batch order."""
+    order = sorted(range(len(examples)), key=lambda i: (len(examples[i][1]), len(examples[i][0]), rng.random()))
+    batches, current, longest = [], [], 0
+    for i in order:
+        longest = max(longest, len(examples[i][1]), len(examples[i][0]))
+        if current and longest * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current, longest = [], max(len(examples[i][1]), len(examples[i][0]))
+        current.append(i)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(examples, indices):
+    """-> src (B, S), src_mask, tgt_in (B, T), tgt_out (B, T) padded with PAD."""
+    srcs = [examples[i][0] for i in indices]
+    tgts = [examples[i][1] for i in indices]
+    s, t = max(map(len, srcs)), max(map(len, tgts)) - 1
+    src = torch.full((len(indices), s), bpe.PAD_ID)
+    tgt = torch.full((len(indices), t + 1), bpe.PAD_ID)
+    for row, (a, b) in enumerate(zip(srcs, tgts)):
+        src[row, : len(a)] = torch.tensor(a)
+        tgt[row, : len(b)] = torch.tensor(b)
+    return src, (src != bpe.PAD_ID).long(), tgt[:, :-1], tgt[:, 1:]
+
+
+def loss_on(model, batch, label_smoothing: float) -> tuple[torch.Tensor, int]:
+    src, src_mask, tgt_in, tgt_out = batch
+    logits = model(src, src_mask, tgt_in, (tgt_in != bpe.PAD_ID).long())
+    loss = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        tgt_out.reshape(-1),
+        ignore_index=bpe.PAD_ID,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )
+    return loss, int((tgt_out != bpe.PAD_ID).sum())
+
+
+@torch.no_grad()
+def dev_loss(model, examples, batch_tokens: int) -> float:
+    """Per-token cross-entropy (no smoothing) on up to 2,000 dev examples."""
+    model.eval()
+    subset = examples[:2000]
+    total, tokens = 0.0, 0
+    for indices in make_batches(subset, batch_tokens, random.Random(0)):
+        loss, n = loss_on(model, collate(subset, indices), 0.0)
+        total, tokens = total + loss.item(), tokens + n
+    model.train()
+    return total / max(tokens, 1)
+
+
+def inverse_sqrt(step: int, opts: TrainOptions) -> float:
+    step = max(step, 1)
+    return opts.lr * min(step / opts.warmup_steps, math.sqrt(opts.warmup_steps / step))
+
+
+def load_or_train_tokenizer(run: pathlib.Path, train_pairs, vocab_size: int) -> Tokenizer:
+    path = run / "tokenizer.json"
+    if path.exists():
+        return Tokenizer.from_file(str(path))
+    texts = [text for pair in train_pairs for text in pair]
+    tokenizer = bpe.train_tokenizer(texts, vocab_size)
+    tokenizer.save(str(path))
+    return tokenizer
+
+
+def save_checkpoint(path, model, optimizer, state: dict, tokenizer: Tokenizer) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "config": dataclasses.asdict(model.cfg),
+            "tokenizer": tokenizer.to_str(),
+            "state": state,
+            "rng": torch.get_rng_state(),
+        },
+        tmp,
+    )
+    tmp.replace(path)  # atomic: a kill mid-save never leaves a broken checkpoint
+
+
+def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, model_cfg: dict, opts: TrainOptions) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(opts.seed)
+    train_pairs = read_pairs(corpus / "train.tsv")
+    tokenizer = load_or_train_tokenizer(run, train_pairs, opts.vocab_size)
+    examples = make_examples(train_pairs, tokenizer, opts.max_tokens)
+    dev_examples = make_examples(read_pairs(corpus / "dev.tsv"), tokenizer, opts.max_tokens)
+    log.info("train examples %d (both directions), dev %d", len(examples), len(dev_examples))
+
+    cfg = TransformerConfig(vocab_size=tokenizer.get_vocab_size(), **model_cfg)
+    model = Transformer(cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0)
+    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "tokens": 0, "seconds": 0.0, "best_dev": float("inf")}
+    last = run / "last.pt"
+    if last.exists():
+        ckpt = torch.load(last, map_location="cpu", weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        state = ckpt["state"]
+        torch.set_rng_state(ckpt["rng"])
+        log.info("resumed at step %d (%d target tokens seen)", state["step"], state["tokens"])
+    log.info("model: %s, %.2fM parameters", cfg, sum(p.numel() for p in model.parameters()) / 1e6)
+    run_epochs(model, optimizer, examples, dev_examples, tokenizer, state, run, minutes, opts)
+
+
+def run_epochs(model, optimizer, examples, dev_examples, tokenizer, state, run, minutes, opts) -> None:
+    model.train()
+    deadline = time.monotonic() + minutes * 60
+    next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
+    while time.monotonic() < deadline:
+        batches = make_batches(examples, opts.batch_tokens, random.Random(opts.seed + state["epoch"]))
+        progress = tqdm(batches[state["batch_in_epoch"] :], desc=f"epoch {state['epoch']}", mininterval=30)
+        for indices in progress:
+            started = time.monotonic()
+            for group in optimizer.param_groups:
+                group["lr"] = inverse_sqrt(state["step"] + 1, opts)
+            loss, n = loss_on(model, collate(examples, indices), opts.label_smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            (loss / n).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            state["step"] += 1
+            state["batch_in_epoch"] += 1
+            state["tokens"] += n
+            state["seconds"] += time.monotonic() - started
+            if state["step"] % 50 == 0:
+                log.info(
+                    "step %d epoch %d loss %.3f lr %.2e tokens %d tok/s %.0f",
+                    state["step"], state["epoch"], loss.item() / n, optimizer.param_groups[0]["lr"],
+                    state["tokens"], state["tokens"] / max(state["seconds"], 1e-9),
+                )
+            if time.monotonic() >= next_checkpoint or time.monotonic() >= deadline:
+                checkpoint(model, optimizer, dev_examples, tokenizer, state, run, opts)
+                next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
+            if time.monotonic() >= deadline:
+                return
+        state["epoch"] += 1
+        state["batch_in_epoch"] = 0
+
+
+def checkpoint(model, optimizer, dev_examples, tokenizer, state, run, opts) -> None:
+    loss = dev_loss(model, dev_examples, opts.batch_tokens)
+    log.info("step %d dev loss %.3f (best %.3f)", state["step"], loss, state["best_dev"])
+    if loss < state["best_dev"]:
+        state["best_dev"] = loss
+        save_checkpoint(run / "best.pt", model, optimizer, state, tokenizer)
+    save_checkpoint(run / "last.pt", model, optimizer, state, tokenizer)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", type=pathlib.Path, default=pathlib.Path("data/corpus"))
+    parser.add_argument("--run", type=pathlib.Path, default=pathlib.Path.home() / ".cache/attnserve/runs/zh-en")
+    parser.add_argument("--minutes", type=float, default=60.0, help="stop (with a checkpoint) after this long")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--d-ff", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
+    parser.add_argument("--batch-tokens", type=int, default=TrainOptions.batch_tokens)
+    parser.add_argument("--lr", type=float, default=TrainOptions.lr)
+    args = parser.parse_args()
+    args.run.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(message)s",
+        handlers=[logging.FileHandler(args.run / "train.log"), logging.StreamHandler()],
+    )
+    torch.set_num_threads(args.threads)
+    model_cfg = {
+        "d_model": args.d_model,
+        "heads": args.heads,
+        "d_ff": args.d_ff,
+        "encoder_layers": args.layers,
+        "decoder_layers": args.layers,
+        "max_positions": 512,
+    }
+    opts = TrainOptions(batch_tokens=args.batch_tokens, lr=args.lr)
+    train(args.corpus, args.run, args.minutes, model_cfg, opts)
+
+
+if __name__ == "__main__":
+    main()

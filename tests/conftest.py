@@ -1,0 +1,75 @@
+"""Session fixtures: a tiny random-weight translation model, exported once, so tests need no bundled weights."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+TINY_MODEL_NAME = "tiny-translate"
+
+# A few sentences in both languages: enough for a tokenizer with pieces of every kind (CJK, ▁-words, punctuation).
+TINY_CORPUS = [
+    "知識就是力量。",
+    "Knowledge is power.",
+    "開啟檔案選單，然後選擇儲存。",
+    "Open the File menu, then choose Save.",
+    "用 Python 寫程式很有趣",
+    "Writing programs in Python is fun",
+    "今天天氣很好，我們去公園散步吧！",
+    "The weather is nice today, let's take a walk in the park!",
+    "這個按鈕會關閉視窗",
+    "This button closes the window",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from attnserve.export import bpe
+
+    return bpe.train_tokenizer(TINY_CORPUS * 3, vocab_size=160, min_frequency=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_torch_model(tiny_tokenizer):
+    """A 2+2-layer, d=32 Transformer with random weights (seeded), in eval mode."""
+    import torch
+
+    from attnserve.export.model import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        vocab_size=tiny_tokenizer.get_vocab_size(),
+        d_model=32,
+        heads=4,
+        d_ff=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        dropout=0.0,
+        max_positions=128,
+    )
+    return Transformer(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_repo(tmp_path_factory, tiny_torch_model, tiny_tokenizer) -> pathlib.Path:
+    """A model repository holding the tiny model as `tiny-translate` version 1."""
+    from attnserve.export.onnx_export import export_model
+
+    repo = tmp_path_factory.mktemp("model_repo")
+    export_model(
+        tiny_torch_model,
+        tiny_tokenizer,
+        repo / TINY_MODEL_NAME / "1",
+        TINY_MODEL_NAME,
+        1,
+        max_source_tokens=48,
+        max_new_tokens=40,
+        description="random-weight test model",
+    )
+    return repo
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model_repo) -> pathlib.Path:
+    return tiny_model_repo / TINY_MODEL_NAME / "1"
