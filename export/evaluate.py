@@ -1,0 +1,95 @@
+"""Scores a checkpoint on a corpus split in both directions: BLEU and chrF (sacrebleu; Chinese tokenisation
+for zh-TW targets), plus example translations.
+
+    python -m attnserve.export.evaluate --checkpoint RUN/best.pt --split data/corpus/test.tsv --out scores.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import sacrebleu
+import torch
+
+from attnserve.export import bpe
+from attnserve.export.onnx_export import load_checkpoint
+from attnserve.export.train import read_pairs
+
+DIRECTIONS = {"zh-TW->en": (1, 0, "en"), "en->zh-TW": (0, 1, "zh-TW")}  # (source column, target column, lang)
+
+
+def translate(model, tokenizer, texts: list[str], target: str, batch_size: int = 32, max_new: int = 128) -> list[str]:
+    """Greedy translations in input order, batched by source length."""
+    start = bpe.language_token_ids(tokenizer)[target]
+    encoded = [e.ids[: model.cfg.max_positions // 2 - 1] + [bpe.EOS_ID] for e in tokenizer.encode_batch(texts)]
+    order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
+    results = [""] * len(texts)
+    for begin in range(0, len(order), batch_size):
+        rows = order[begin : begin + batch_size]
+        width = max(len(encoded[i]) for i in rows)
+        ids = torch.full((len(rows), width), bpe.PAD_ID)
+        for r, i in enumerate(rows):
+            ids[r, : len(encoded[i])] = torch.tensor(encoded[i])
+        outputs, _ = model.greedy_decode(
+            ids, (ids != bpe.PAD_ID).long(), torch.full((len(rows),), start), bpe.EOS_ID, max_new
+        )
+        for r, i in enumerate(rows):
+            results[i] = tokenizer.decode(outputs[r])
+    return results
+
+
+def score(hypotheses: list[str], references: list[str], target: str) -> dict:
+    tokenize = "zh" if target == "zh-TW" else "13a"
+    bleu_metric, chrf_metric = sacrebleu.metrics.BLEU(tokenize=tokenize), sacrebleu.metrics.CHRF()
+    bleu = bleu_metric.corpus_score(hypotheses, [references])
+    chrf = chrf_metric.corpus_score(hypotheses, [references])
+    return {
+        "bleu": round(bleu.score, 2),
+        "chrf": round(chrf.score, 2),
+        "signatures": [str(bleu_metric.get_signature()), str(chrf_metric.get_signature())],
+    }
+
+
+def evaluate(checkpoint: pathlib.Path, split: pathlib.Path, limit: int, examples: int) -> dict:
+    model, tokenizer = load_checkpoint(checkpoint)
+    pairs = read_pairs(split)[:limit] if limit else read_pairs(split)
+    report = {"checkpoint": str(checkpoint), "split": str(split), "pairs": len(pairs), "directions": {}}
+    for name, (src_col, tgt_col, target) in DIRECTIONS.items():
+        started = time.perf_counter()
+        sources = [p[src_col] for p in pairs]
+        references = [p[tgt_col] for p in pairs]
+        hypotheses = translate(model, tokenizer, sources, target)
+        result = score(hypotheses, references, target)
+        result["seconds"] = round(time.perf_counter() - started, 1)
+        # Spread the examples over the split rather than taking its first lines.
+        step = max(len(pairs) // max(examples, 1), 1)
+        result["examples"] = [
+            {"source": sources[i], "reference": references[i], "hypothesis": hypotheses[i]}
+            for i in range(0, len(pairs), step)[:examples]
+        ]
+        report["directions"][name] = result
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=pathlib.Path, required=True)
+    parser.add_argument("--split", type=pathlib.Path, default=pathlib.Path("data/corpus/test.tsv"))
+    parser.add_argument("--limit", type=int, default=0, help="score only the first N pairs (0 = all)")
+    parser.add_argument("--examples", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    report = evaluate(args.checkpoint, args.split, args.limit, args.examples)
+    text = json.dumps(report, indent=2, ensure_ascii=False)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
