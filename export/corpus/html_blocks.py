@@ -37,9 +37,10 @@ class Block:
 
 
 class _Collector(HTMLParser):
-    def __init__(self, skip_attrs):
+    def __init__(self, skip_attrs, block_classes):
         super().__init__(convert_charrefs=True)
         self.skip_attrs = skip_attrs
+        self.block_classes = block_classes
         self.stack: list[tuple[str, Block | None, bool]] = []  # (tag, block, skipping)
         self.blocks: list[Block] = []
 
@@ -53,7 +54,8 @@ class _Collector(HTMLParser):
             return
         attrs = {k: v or "" for k, v in attrs}
         skip = self._skipping() or tag in SKIP_TAGS or self.skip_attrs(attrs)
-        block = Block(tag, attrs) if tag in BLOCK_TAGS and not skip else None
+        is_block = tag in BLOCK_TAGS or attrs.get("class") in self.block_classes
+        block = Block(tag, attrs) if is_block and not skip else None
         self.stack.append((tag, block, skip))
 
     def handle_endtag(self, tag):
@@ -76,12 +78,13 @@ class _Collector(HTMLParser):
                 return
 
 
-def blocks(html: str, skip_attrs=lambda attrs: False) -> list[Block]:
+def blocks(html: str, skip_attrs=lambda attrs: False, block_classes=frozenset()) -> list[Block]:
     """Return the non-empty text blocks of ``html`` in document order of their end tags.
 
-    ``skip_attrs(attrs)`` may hide an element and everything inside it.
+    ``skip_attrs(attrs)`` may hide an element and everything inside it;
+    elements whose class is in ``block_classes`` count as blocks whatever their tag.
     """
-    collector = _Collector(skip_attrs)
+    collector = _Collector(skip_attrs, block_classes)
     collector.feed(html)
     collector.close()
     return collector.blocks

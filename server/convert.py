@@ -1,0 +1,243 @@
+"""Protobuf <-> dataclass conversion: the one place where the wire format meets the serving core's types.
+
+The servicer converts each request once on the way in and each result once on the way out; the clients
+do the reverse with the same functions, so both ends agree on every default by construction. This module
+imports only protobuf stubs and `generation`, never grpc or the runtime, so clients can use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from attnserve.server import generation as gen
+from attnserve.v1 import attnserve_pb2 as pb
+
+# Wire constants shared by the server and the clients.
+DEFAULT_PORT = 50051
+# Large enough for a 256 x 256 attention matrix many times over and for the audio inputs to come;
+# gRPC's 4 MiB default receive limit would be the first thing to break for long audio.
+MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+
+_FINISH_REASONS = {
+    gen.FinishReason.EOS: pb.FINISH_REASON_EOS,
+    gen.FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+}
+_GRANULARITIES = {
+    gen.AttentionGranularity.PIECES: pb.ATTENTION_GRANULARITY_PIECES,
+    gen.AttentionGranularity.WORDS: pb.ATTENTION_GRANULARITY_WORDS,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamedToken:
+    """One message of a token stream, before the final result."""
+
+    index: int  # position in the output, counted from 0
+    token: gen.Token
+    # Attention of this token over the final matrix's columns; empty when not requested or not reported.
+    attention: list[float] = dataclasses.field(default_factory=list)
+
+
+# ---- requests ----------------------------------------------------------------------------------------
+
+
+def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
+    """Converts a text request; the caller has checked that `msg.text` is the input that is set.
+
+    Raises:
+        ValueError: an enum field holds a value this server does not know.
+    """
+    options = msg.attention
+    if options.mode not in (pb.ATTENTION_MODE_UNSPECIFIED, pb.ATTENTION_MODE_NONE, pb.ATTENTION_MODE_AGGREGATED):
+        raise ValueError(f"unknown attention mode {options.mode}")
+    return gen.GenerationRequest(
+        model=msg.model,
+        text=msg.text.text,
+        target_language=msg.target_language,
+        decoding=gen.DecodingOptions(
+            max_new_tokens=msg.decoding.max_new_tokens,
+            # proto3 cannot tell 0 from unset; 0 beams means the default, greedy search.
+            beam_size=msg.decoding.beam_size or 1,
+        ),
+        attention=gen.AttentionOptions(
+            enabled=options.mode == pb.ATTENTION_MODE_AGGREGATED,
+            layer=options.layer if options.HasField("layer") else -1,
+            granularity=_granularity_from_proto(options.granularity),
+        ),
+        request_id=msg.request_id,
+    )
+
+
+def request_to_proto(request: gen.GenerationRequest, source_language: str | None = None) -> pb.GenerateRequest:
+    """Converts a text request to its wire form; `source_language` is optional on the wire only."""
+    attention = request.attention
+    return pb.GenerateRequest(
+        model=request.model,
+        text=pb.TextInput(text=request.text, source_language=source_language),
+        target_language=request.target_language,
+        decoding=pb.DecodingOptions(
+            max_new_tokens=request.decoding.max_new_tokens, beam_size=request.decoding.beam_size
+        ),
+        attention=pb.AttentionOptions(
+            mode=pb.ATTENTION_MODE_AGGREGATED if attention.enabled else pb.ATTENTION_MODE_NONE,
+            layer=attention.layer,
+            granularity=_GRANULARITIES[attention.granularity],
+        ),
+        request_id=request.request_id,
+    )
+
+
+def _granularity_from_proto(value: int) -> gen.AttentionGranularity:
+    if value == pb.ATTENTION_GRANULARITY_UNSPECIFIED:
+        return gen.AttentionGranularity.PIECES
+    for granularity, wire in _GRANULARITIES.items():
+        if wire == value:
+            return granularity
+    raise ValueError(f"unknown attention granularity {value}")
+
+
+# ---- results -----------------------------------------------------------------------------------------
+
+
+def result_to_proto(result: gen.GenerationResult) -> pb.GenerateResponse:
+    """Converts a finished result to its wire form."""
+    timings = result.timings
+    return pb.GenerateResponse(
+        model=result.model,
+        text=result.text,
+        target_language=result.target_language,
+        tokens=[token_to_proto(t) for t in result.tokens],
+        source_tokens=[token_to_proto(t) for t in result.source_tokens],
+        finish_reason=_FINISH_REASONS[result.finish_reason],
+        attention=None if result.attention is None else attention_to_proto(result.attention),
+        timings=pb.Timings(
+            queue_seconds=timings.queue_seconds,
+            encode_seconds=timings.encode_seconds,
+            first_token_seconds=timings.first_token_seconds,
+            decode_seconds=timings.decode_seconds,
+            total_seconds=timings.total_seconds,
+            batch_size=timings.batch_size,
+        ),
+    )
+
+
+def result_from_proto(msg: pb.GenerateResponse) -> gen.GenerationResult:
+    """Converts a wire response back to a result.
+
+    Raises:
+        ValueError: the response is malformed (unknown finish reason, weights that do not fill the matrix).
+    """
+    finish = {wire: reason for reason, wire in _FINISH_REASONS.items()}.get(msg.finish_reason)
+    if finish is None:
+        raise ValueError(f"unknown finish reason {msg.finish_reason}")
+    timings = msg.timings
+    return gen.GenerationResult(
+        model=msg.model,
+        text=msg.text,
+        target_language=msg.target_language,
+        tokens=[token_from_proto(token) for token in msg.tokens],
+        source_tokens=[token_from_proto(token) for token in msg.source_tokens],
+        finish_reason=finish,
+        attention=attention_from_proto(msg.attention) if msg.HasField("attention") else None,
+        timings=gen.Timings(
+            queue_seconds=timings.queue_seconds,
+            encode_seconds=timings.encode_seconds,
+            first_token_seconds=timings.first_token_seconds,
+            decode_seconds=timings.decode_seconds,
+            total_seconds=timings.total_seconds,
+            batch_size=timings.batch_size,
+        ),
+    )
+
+
+def token_to_proto(token: gen.Token) -> pb.Token:
+    return pb.Token(piece=token.piece, id=token.id, logprob=token.logprob)
+
+
+def token_from_proto(msg: pb.Token) -> gen.Token:
+    return gen.Token(piece=msg.piece, id=msg.id, logprob=msg.logprob)
+
+
+def attention_to_proto(matrix: gen.AttentionMatrix) -> pb.AttentionMatrix:
+    """Packs the nested weights row-major.
+
+    Raises:
+        RuntimeError: the core produced a ragged matrix or labels that do not match its shape.
+    """
+    rows, cols = len(matrix.row_labels), len(matrix.col_labels)
+    if len(matrix.weights) != rows or any(len(row) != cols for row in matrix.weights):
+        raise RuntimeError(f"attention weights do not match the {rows} x {cols} labels")
+    return pb.AttentionMatrix(
+        rows=rows,
+        cols=cols,
+        weights=[w for row in matrix.weights for w in row],
+        row_labels=matrix.row_labels,
+        col_labels=matrix.col_labels,
+        layer=matrix.layer,
+        reduction=matrix.reduction,
+    )
+
+
+def attention_from_proto(msg: pb.AttentionMatrix) -> gen.AttentionMatrix:
+    """Unpacks the row-major weights.
+
+    Raises:
+        ValueError: the weights or labels do not fill `rows` x `cols`.
+    """
+    rows, cols = msg.rows, msg.cols
+    if len(msg.weights) != rows * cols or len(msg.row_labels) != rows or len(msg.col_labels) != cols:
+        raise ValueError(
+            f"attention matrix is {rows} x {cols} but carries {len(msg.weights)} weights, "
+            f"{len(msg.row_labels)} row labels and {len(msg.col_labels)} column labels"
+        )
+    flat = list(msg.weights)
+    return gen.AttentionMatrix(
+        weights=[flat[r * cols : (r + 1) * cols] for r in range(rows)],
+        row_labels=list(msg.row_labels),
+        col_labels=list(msg.col_labels),
+        layer=msg.layer,
+        reduction=msg.reduction,
+    )
+
+
+# ---- streams -----------------------------------------------------------------------------------------
+
+
+def token_event_to_proto(event: StreamedToken) -> pb.GenerateStreamResponse:
+    return pb.GenerateStreamResponse(
+        token=pb.TokenEvent(index=event.index, token=token_to_proto(event.token), attention=event.attention)
+    )
+
+
+def final_to_proto(result: gen.GenerationResult) -> pb.GenerateStreamResponse:
+    return pb.GenerateStreamResponse(response=result_to_proto(result))
+
+
+def stream_event_from_proto(msg: pb.GenerateStreamResponse) -> StreamedToken | gen.GenerationResult:
+    """Converts one stream message to a `StreamedToken` or, for the final message, the result.
+
+    Raises:
+        ValueError: the message carries neither.
+    """
+    kind = msg.WhichOneof("event")
+    if kind == "token":
+        event = msg.token
+        return StreamedToken(event.index, token_from_proto(event.token), list(event.attention))
+    if kind == "response":
+        return result_from_proto(msg.response)
+    raise ValueError("stream message carries neither a token nor a response")
+
+
+# ---- models ------------------------------------------------------------------------------------------
+
+
+def model_info_to_proto(info: gen.ModelInfo) -> pb.ModelInfo:
+    return pb.ModelInfo(**dataclasses.asdict(info))
+
+
+def model_info_from_proto(msg: pb.ModelInfo) -> gen.ModelInfo:
+    # Every ModelInfo field has a same-named wire field; repeated fields become plain lists.
+    values = {f.name: getattr(msg, f.name) for f in dataclasses.fields(gen.ModelInfo)}
+    values["source_languages"] = list(values["source_languages"])
+    values["target_languages"] = list(values["target_languages"])
+    return gen.ModelInfo(**values)

@@ -1,0 +1,106 @@
+"""Maps exceptions raised while serving an RPC to gRPC status codes, in one server interceptor.
+
+Handlers and core code raise plain Python exceptions and never touch status codes. The interceptor turns
+an exception's *type* into a status code and its text into the status details, so the same failure gets
+the same code whichever RPC raised it. Only unexpected failures (INTERNAL) log a traceback, once, here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from attnserve.server import generation
+
+logger = logging.getLogger(__name__)
+
+# First match wins, so a subclass must come before its base (NotImplementedError is a RuntimeError,
+# TimeoutError an OSError). Anything not listed is INTERNAL.
+STATUS_BY_TYPE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (asyncio.CancelledError, grpc.StatusCode.CANCELLED),
+    (generation.OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (generation.UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (NotImplementedError, grpc.StatusCode.UNIMPLEMENTED),
+    (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
+)
+
+
+def status_code(exc: BaseException) -> grpc.StatusCode:
+    """Returns the status code an exception is reported with."""
+    for exc_type, code in STATUS_BY_TYPE:
+        if isinstance(exc, exc_type):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every unary-response and server-streaming handler so that exceptions become statuses.
+
+    Client-streaming and bidirectional handlers (server reflection) pass through unchanged.
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        wire = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(_guard_call(handler.unary_unary, method), **wire)
+        if handler.unary_stream is not None:
+            behavior = handler.unary_stream
+            # Async-generator handlers yield their messages; coroutine handlers write them with
+            # context.write (the health servicer's Watch). The wrapper must keep the same shape.
+            guard = _guard_generator if inspect.isasyncgenfunction(behavior) else _guard_call
+            return grpc.unary_stream_rpc_method_handler(guard(behavior, method), **wire)
+        return handler
+
+
+def _guard_call(behavior: Callable, method: str) -> Callable:
+    async def guarded(request, context: grpc.aio.ServicerContext):
+        try:
+            response = behavior(request, context)
+            if inspect.isawaitable(response):
+                response = await response
+            return response
+        except grpc.aio.AbortError:
+            raise  # the handler already chose a status
+        except Exception as exc:
+            await _abort(context, exc, method)
+
+    return guarded
+
+
+def _guard_generator(behavior: Callable, method: str) -> Callable:
+    async def guarded(request, context: grpc.aio.ServicerContext):
+        try:
+            async for response in behavior(request, context):
+                yield response
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort(context, exc, method)
+
+    return guarded
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str) -> None:
+    """Ends the RPC with the status for `exc`; raises grpc.aio.AbortError as context.abort does."""
+    code = status_code(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        logger.error("%s failed", method, exc_info=exc)
+    else:
+        logger.info("%s: %s: %s", method, code.name, exc)
+    await context.abort(code, str(exc) or type(exc).__name__)

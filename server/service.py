@@ -1,0 +1,199 @@
+"""The AttnServe gRPC servicer: checks a request's shape, converts it, and hands it to the model's engine.
+
+Handlers never block the event loop: an engine runs the model on its own worker thread and returns a
+`concurrent.futures.Future`, which handlers await through `asyncio.wrap_future`. Tokens of a stream
+cross from that thread into the loop through `loop.call_soon_threadsafe`. Handlers raise plain
+exceptions; `errors.ErrorInterceptor` turns them into status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Protocol
+
+import grpc
+
+from attnserve.server import convert, errors, generation, metrics
+from attnserve.v1 import attnserve_pb2 as pb
+from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    """What the servicer needs from a model engine (see server/engine.py)."""
+
+    @property
+    def info(self) -> generation.ModelInfo: ...
+
+    def submit(
+        self,
+        request: generation.GenerationRequest,
+        on_token: Callable[[generation.Token], None] | None = None,
+    ) -> concurrent.futures.Future[generation.GenerationResult]: ...
+
+    def close(self) -> None: ...
+
+
+class AttnServeServicer(pb_grpc.AttnServeServicer):
+    """Serves every model of `engines` (model name -> engine) under one service."""
+
+    def __init__(self, engines: Mapping[str, Engine]):
+        self._engines = engines
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
+        with self._counted(request.model):
+            engine, gen_request = self._prepare(request)
+            future = engine.submit(gen_request)
+            result = await _result(future, _deadline(context))
+        metrics.observe_result(result)
+        return convert.result_to_proto(result)
+
+    async def GenerateStream(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateStreamResponse]:
+        deadline = _deadline(context)
+        with self._counted(request.model):
+            engine, gen_request = self._prepare(request)
+            stream = _TokenStream(asyncio.get_running_loop(), keep_attention=gen_request.attention.enabled)
+            future = engine.submit(gen_request, stream.on_token)
+            # Runs on the worker thread after its last on_token call, so the end marker queues last.
+            future.add_done_callback(stream.finish)
+            try:
+                async for event in stream.events(deadline):
+                    yield convert.token_event_to_proto(event)
+                result = await _result(future, deadline)
+            finally:
+                future.cancel()  # no-op once finished; drops a queued request whose caller left
+        metrics.observe_result(result)
+        yield convert.final_to_proto(result)
+
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListModelsResponse:
+        infos = [self._engines[name].info for name in sorted(self._engines)]
+        return pb.ListModelsResponse(models=[convert.model_info_to_proto(info) for info in infos])
+
+    async def GetModel(self, request: pb.GetModelRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
+        return convert.model_info_to_proto(self._engine(request.name).info)
+
+    def _engine(self, name: str) -> Engine:
+        engine = self._engines.get(name)
+        if engine is None:
+            raise ValueError(f"unknown model {name!r}; available: {', '.join(sorted(self._engines)) or 'none'}")
+        return engine
+
+    def _prepare(self, request: pb.GenerateRequest) -> tuple[Engine, generation.GenerationRequest]:
+        """Checks what the core cannot see (the oneof, the wire-only source language) and converts.
+
+        Raises:
+            ValueError: unknown model, no input, or a source language the model does not read. The engine
+                checks the rest (empty text, languages, lengths, ranges) when the request is submitted.
+            NotImplementedError: audio or image input, which no served model takes yet.
+        """
+        engine = self._engine(request.model)
+        kind = request.WhichOneof("input")
+        if kind is None:
+            raise ValueError("missing input: set one of text, audio, image")
+        if kind != "text":
+            raise NotImplementedError(f"{kind} input is not served yet; model {request.model!r} takes text")
+        languages = engine.info.source_languages
+        if request.text.HasField("source_language") and request.text.source_language not in languages:
+            raise ValueError(
+                f"unknown source language {request.text.source_language!r} for model {request.model!r}; "
+                f"available: {', '.join(languages)}"
+            )
+        logger.debug("request %r for model %r", request.request_id, request.model)
+        return engine, convert.request_from_proto(request)
+
+    @contextlib.contextmanager
+    def _counted(self, model: str) -> Iterator[None]:
+        """Counts the request under its final status code; unknown model names share one label."""
+        code = grpc.StatusCode.OK
+        try:
+            yield
+        except GeneratorExit:  # the client went away in the middle of a stream
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except BaseException as exc:
+            code = errors.status_code(exc)
+            raise
+        finally:
+            metrics.count_request(model if model in self._engines else "", code.name)
+
+
+class _TokenStream:
+    """Carries `on_token` calls from an engine's worker thread into the event loop, in order."""
+
+    _END = object()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, keep_attention: bool):
+        self._loop = loop
+        self._keep_attention = keep_attention
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._count = 0  # touched only by the worker thread, which calls on_token sequentially
+
+    def on_token(self, token: generation.Token, attention: object = None) -> None:
+        """Engine callback (worker thread); `attention` is the token's row when the engine reports it."""
+        row = [float(w) for w in attention] if self._keep_attention and attention is not None else []
+        self._put(convert.StreamedToken(self._count, token, row))
+        self._count += 1
+
+    def finish(self, _future: concurrent.futures.Future) -> None:
+        """Future done-callback: marks the end of the stream."""
+        self._put(self._END)
+
+    def _put(self, item: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:
+            pass  # the loop is closed: the server is gone and nobody reads this stream; the worker goes on
+
+    async def events(self, deadline: float | None) -> AsyncIterator[convert.StreamedToken]:
+        """Yields the tokens until the engine finishes.
+
+        Raises:
+            TimeoutError: the deadline passed first.
+        """
+        while True:
+            async with asyncio.timeout_at(deadline):
+                item = await self._queue.get()
+            if item is self._END:
+                return
+            yield item
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The RPC's deadline in event-loop time, or None without one."""
+    remaining = context.time_remaining()
+    return None if remaining is None else asyncio.get_running_loop().time() + remaining
+
+
+async def _result(
+    future: concurrent.futures.Future[generation.GenerationResult], deadline: float | None
+) -> generation.GenerationResult:
+    """Awaits the engine's future without blocking the loop.
+
+    Cancelling the awaiting task (client cancelled) or passing the deadline cancels the engine's future
+    too, which drops the request if it is still queued.
+
+    Raises:
+        TimeoutError: the deadline passed first.
+        generation.UnavailableError: the engine cancelled the request itself, e.g. while closing.
+    """
+    timeout = asyncio.timeout_at(deadline)
+    try:
+        async with timeout:
+            return await asyncio.wrap_future(future)
+    except TimeoutError:
+        if timeout.expired():  # ours, not a TimeoutError the engine raised
+            raise TimeoutError("deadline exceeded while waiting for the model") from None
+        raise
+    except asyncio.CancelledError:
+        if future.cancelled() and asyncio.current_task().cancelling() == 0:
+            raise generation.UnavailableError("the model dropped the request (is it shutting down?)") from None
+        raise

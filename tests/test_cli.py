@@ -1,0 +1,125 @@
+"""The `attnserve` command line, run against an in-process server."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from attnserve.clients import cli
+from attnserve.clients.client import Client
+from attnserve.server import app
+from test_service import WAIT, FakeEngine  # tests/ is on sys.path (no __init__.py)
+
+MODEL = "fake-translate"
+
+
+@pytest.fixture(scope="module")
+def address():
+    engine = FakeEngine(MODEL)
+    with app.BackgroundServer({MODEL: engine}) as background:
+        yield background.address
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    status = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_translate_prints_the_translation(capsys, address):
+    status, out, err = run(capsys, "translate", "abc", "--model", MODEL, "--address", address)
+    assert (status, out, err) == (0, "cba\n", "")
+
+
+def test_translate_json_is_the_whole_response(capsys, address):
+    argv = ["translate", "我愛你", "--to", "zh-TW", "--attention", "--pieces", "--max-tokens", "2", "--json"]
+    status, out, _ = run(capsys, *argv, "--model", MODEL, "--address", address)
+    response = json.loads(out)
+    assert status == 0
+    assert response["text"] == "你愛" and response["target_language"] == "zh-TW"
+    assert response["finish_reason"] == "length"
+    assert [t["piece"] for t in response["source_tokens"]] == ["我", "愛", "你", "</s>"]
+    assert response["attention"]["weights"][0] == [0.0, 0.0, 1.0, 0.0]
+    assert set(response["timings"]) >= {"queue_seconds", "total_seconds", "batch_size"}
+
+
+def test_translate_attention_draws_a_labelled_heatmap(capsys, address):
+    status, out, _ = run(capsys, "translate", "我愛", "--attention", "--model", MODEL, "--address", address)
+    lines = out.splitlines()
+    assert status == 0 and lines[0] == "愛我"
+    first_row = lines.index(next(line for line in lines if line.startswith("愛 ")))
+    assert [line.split(" ")[0] for line in lines[first_row : first_row + 2]] == ["愛", "我"]
+    # Vertical column labels end just above the rows: "我", "愛", then "</s>" written downwards.
+    assert lines[first_row - 1].strip() == "我愛>"
+    assert "\x1b[" not in out  # captured output is not a terminal
+    assert lines[-1] == "layer 1 of 2, fake"
+
+
+def test_models_lists_metadata(capsys, address):
+    status, out, _ = run(capsys, "models", "--address", address)
+    assert status == 0
+    assert out.splitlines()[0] == f"{MODEL} (version 3, translation): reverses its input"
+    assert "en, zh-TW -> en, zh-TW" in out
+
+
+def test_errors_go_to_stderr_with_status(capsys, address):
+    status, out, err = run(capsys, "translate", "abc", "--model", "nope", "--address", address)
+    assert status == 1 and out == ""
+    assert err == f"error: INVALID_ARGUMENT: unknown model 'nope'; available: {MODEL}\n"
+
+
+def test_words_and_pieces_are_exclusive(capsys):
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["translate", "abc", "--words", "--pieces"])
+    assert raised.value.code == 2
+
+
+def test_client_commands_do_not_import_onnxruntime():
+    script = (
+        "import sys\n"
+        "from attnserve.clients import cli\n"
+        "status = cli.main(['models', '--address', '127.0.0.1:1'])\n"
+        "assert 'onnxruntime' not in sys.modules, 'onnxruntime was imported'\n"
+        "sys.exit(status)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: UNAVAILABLE: ")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_serve_answers_then_stops_on_sigterm(tiny_model_repo):
+    port, metrics_port = _free_port(), _free_port()
+    command = [sys.executable, "-m", "attnserve.clients.cli", "serve", "--models", str(tiny_model_repo)]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port)]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=WAIT)  # the port opens once models are loaded
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+        with Client(f"127.0.0.1:{port}", timeout=WAIT) as client:
+            result = client.translate("Knowledge is power.", to="zh-TW", max_new_tokens=3, model="tiny-translate")
+        assert 1 <= len(result.tokens) <= 3
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=WAIT) as page:
+            metrics = page.read().decode()
+        assert 'attnserve_requests_total{code="OK",model="tiny-translate"} 1.0' in metrics
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=WAIT) == 0
+    finally:
+        server.kill()
+        _, log = server.communicate()
+    assert "shutting down" in log

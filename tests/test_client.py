@@ -1,0 +1,214 @@
+"""The Python clients, and the protobuf <-> dataclass conversion they share with the server."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import grpc
+import pytest
+
+from attnserve.clients.client import AsyncClient, AttnServeError, Client, translation_request
+from attnserve.server import app, convert, generation
+from attnserve.server.convert import StreamedToken
+from attnserve.server.generation import AttentionGranularity, AttentionMatrix, GenerationResult
+from attnserve.v1 import attnserve_pb2 as pb
+from test_service import WAIT, FakeEngine  # tests/ is on sys.path (no __init__.py)
+
+MODEL = "fake-translate"
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = FakeEngine(MODEL)
+    with app.BackgroundServer({MODEL: engine}) as background:
+        yield background, engine
+
+
+@pytest.fixture
+def client(server):
+    background, _ = server
+    with Client(background.address, timeout=WAIT) as client:
+        yield client
+
+
+@pytest.fixture
+def engine(server):
+    _, engine = server
+    yield engine
+    engine.gate.set()
+
+
+def test_translate_returns_the_engine_result(client, engine):
+    result = client.translate("我愛你", to="zh-TW", attention=True, granularity="pieces", model=MODEL)
+    request = translation_request("我愛你", "zh-TW", True, "pieces", model=MODEL)
+    assert engine.requests[-1] == request
+    assert result == engine.generate(request)
+    assert result.attention.col_labels == ["我", "愛", "你", "</s>"]
+
+
+def test_translate_sends_every_option(client, engine):
+    client.translate("abc", to="en", attention=True, granularity="words", layer=-2, max_new_tokens=2, model=MODEL)
+    assert engine.requests[-1] == generation.GenerationRequest(
+        model=MODEL,
+        text="abc",
+        target_language="en",
+        decoding=generation.DecodingOptions(max_new_tokens=2),
+        attention=generation.AttentionOptions(True, -2, AttentionGranularity.WORDS),
+    )
+
+
+def test_translate_without_attention_has_none(client):
+    assert client.translate("abc", model=MODEL).attention is None
+
+
+def test_stream_yields_tokens_then_the_result(client):
+    request = translation_request("abcd", attention=True, granularity="pieces", model=MODEL)
+    *tokens, result = list(client.stream(request))
+    assert isinstance(result, GenerationResult) and result == client.generate(request)
+    assert all(isinstance(t, StreamedToken) for t in tokens)
+    assert [t.token for t in tokens] == result.tokens
+    assert [t.attention for t in tokens] == result.attention.weights
+
+
+def test_source_language_is_checked(client):
+    request = translation_request("abc", model=MODEL)
+    assert client.generate(request, source_language="en").text == "cba"
+    with pytest.raises(AttnServeError) as raised:
+        client.generate(request, source_language="xx")
+    assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown source language 'xx'" in raised.value.details
+
+
+def test_models(client, engine):
+    assert client.list_models() == [engine.info]
+    assert client.get_model(MODEL) == engine.info
+
+
+def test_errors_carry_code_and_details(client):
+    with pytest.raises(AttnServeError) as raised:
+        client.translate("abc", model="nope")
+    error = raised.value
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details == f"unknown model 'nope'; available: {MODEL}"
+    assert str(error) == f"INVALID_ARGUMENT: {error.details}"
+
+
+def test_stream_errors_are_attnserve_errors(client):
+    with pytest.raises(AttnServeError) as raised:
+        list(client.stream(translation_request("abc", to="fr", model=MODEL)))
+    assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_timeout_is_deadline_exceeded(server, engine):
+    background, _ = server
+    engine.gate.clear()
+    with Client(background.address, timeout=0.2) as client, pytest.raises(AttnServeError) as raised:
+        client.translate("abc", model=MODEL)
+    assert raised.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_unreachable_server_is_unavailable():
+    with Client("127.0.0.1:1", timeout=WAIT) as client, pytest.raises(AttnServeError) as raised:
+        client.list_models()
+    assert raised.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_async_client(server, engine):
+    background, _ = server
+
+    async def scenario():
+        async with AsyncClient(background.address, timeout=WAIT) as client:
+            result = await client.translate("abc", attention=True, model=MODEL)
+            streamed = [event async for event in client.stream(translation_request("abc", model=MODEL))]
+            models = await client.list_models()
+            info = await client.get_model(MODEL)
+            with pytest.raises(AttnServeError) as raised:
+                await client.get_model("nope")
+        return result, streamed, models, info, raised.value
+
+    result, streamed, models, info, error = asyncio.run(scenario())
+    assert result == engine.generate(translation_request("abc", attention=True, model=MODEL))
+    assert [e.token for e in streamed[:-1]] == streamed[-1].tokens
+    assert models == [info] == [engine.info]
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# ---- conversion ------------------------------------------------------------------------------------
+
+
+def _result(attention: AttentionMatrix | None) -> GenerationResult:
+    return GenerationResult(
+        model="m",
+        text="I love you",
+        target_language="en",
+        tokens=[generation.Token("▁I", 10, -0.125), generation.Token("▁love", 11, -1 / 3)],
+        source_tokens=[generation.Token("我", 20, 0.0), generation.Token("</s>", 2, 0.0)],
+        finish_reason=generation.FinishReason.LENGTH,
+        attention=attention,
+        timings=generation.Timings(0.1, 0.2, 0.3, 0.4, 1.0, 3),
+    )
+
+
+@pytest.mark.parametrize(
+    "attention",
+    [None, AttentionMatrix([[0.75, 0.25], [0.5, 0.5]], ["▁I", "▁love"], ["我", "</s>"], 2, "layer 2 of 3")],
+)
+def test_result_round_trips(attention):
+    # Weights travel as float32: these are exact in float32, logprobs and timings travel as double.
+    result = _result(attention)
+    assert convert.result_from_proto(convert.result_to_proto(result)) == result
+
+
+def test_request_round_trips():
+    request = translation_request("abc", "zh-TW", True, "words", -2, 5, "m", beam_size=4, request_id="x")
+    assert convert.request_from_proto(convert.request_to_proto(request)) == request
+
+
+def test_model_info_round_trips():
+    info = FakeEngine().info
+    assert convert.model_info_from_proto(convert.model_info_to_proto(info)) == info
+
+
+def test_ragged_attention_is_a_broken_invariant():
+    matrix = AttentionMatrix([[1.0, 0.0], [1.0]], ["a", "b"], ["x", "y"], 0, "")
+    with pytest.raises(RuntimeError, match="2 x 2"):
+        convert.result_to_proto(_result(matrix))
+
+
+def test_short_attention_weights_are_rejected():
+    msg = pb.AttentionMatrix(rows=2, cols=2, weights=[1.0, 0.0, 1.0], row_labels=["a", "b"], col_labels=["x", "y"])
+    with pytest.raises(ValueError, match="carries 3 weights"):
+        convert.attention_from_proto(msg)
+
+
+def test_unknown_finish_reason_is_rejected():
+    msg = convert.result_to_proto(_result(None))
+    msg.finish_reason = pb.FINISH_REASON_UNSPECIFIED
+    with pytest.raises(ValueError, match="finish reason"):
+        convert.result_from_proto(msg)
+
+
+def test_unknown_granularity_is_a_value_error():
+    with pytest.raises(ValueError):
+        translation_request("abc", granularity="letters")
+
+
+def test_streamed_token_round_trips():
+    event = StreamedToken(3, generation.Token("▁a", 7, -0.5), [0.5, 0.25])
+    assert convert.stream_event_from_proto(convert.token_event_to_proto(event)) == event
+
+
+# ---- the real engine -----------------------------------------------------------------------------------
+
+
+def test_real_translate_is_the_offline_result_as_it_travels(tiny_model_repo):
+    engines = app.load_engines(app.ServeOptions(models=str(tiny_model_repo)))
+    request = translation_request("知識就是力量。", "en", attention=True, model="tiny-translate")
+    with app.BackgroundServer(engines) as background, Client(background.address, timeout=WAIT) as client:
+        served = client.translate("知識就是力量。", "en", attention=True, model="tiny-translate")
+        offline = engines["tiny-translate"].generate(request)
+    # Attention weights travel as float32; everything else arrives exactly.
+    expected = convert.result_from_proto(convert.result_to_proto(offline))
+    assert dataclasses.replace(served, timings=None) == dataclasses.replace(expected, timings=None)
+    assert served.attention.col_labels[-1] == "</s>"
