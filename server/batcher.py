@@ -1,0 +1,201 @@
+"""Dynamic batching: requests that arrive close together share one encoder call and the decode steps.
+
+One worker thread per model takes the first queued request, waits up to a short window for more (never
+past `max_batch_size`), and hands the group to a processor that yields each request's outcome as soon as it
+is known, so a request that finishes early is answered while the rest of its batch continues. If the
+processor raises, the requests it had not answered are retried one at a time, so only the bad one fails.
+
+The batcher knows nothing about models: the engine supplies the processor.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from attnserve.server.generation import OverloadedError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingOptions:
+    # Most requests that share one batch.
+    max_batch_size: int = 16
+    # How long the worker waits, after a batch's first request arrived, for others to join it.
+    window_seconds: float = 0.005
+    # Requests waiting beyond the running batch; one more raises OverloadedError.
+    max_queue_size: int = 256
+
+    def __post_init__(self):
+        if self.max_batch_size < 1:
+            raise ValueError(f"BatchingOptions.max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.window_seconds < 0:
+            raise ValueError(f"BatchingOptions.window_seconds must be >= 0, got {self.window_seconds}")
+        if self.max_queue_size < 1:
+            raise ValueError(f"BatchingOptions.max_queue_size must be >= 1, got {self.max_queue_size}")
+
+
+class WorkItem:
+    """One queued request: its payload, its future, and its optional token callback.
+
+    Args:
+        payload: whatever the processor consumes (the engine's PreparedRequest).
+        on_token: called from the worker thread with each streamed token, or None.
+    """
+
+    def __init__(self, payload: Any, on_token: Callable[[Any], None] | None = None):
+        self.payload = payload
+        self.on_token = on_token
+        self.future: Future = Future()
+        self.accepted_at = time.perf_counter()
+        self._streamed = 0  # tokens the callback has received, over every attempt
+        self._seen = 0  # tokens offered during the current attempt
+
+    def emit(self, token: Any) -> None:
+        """Passes a token to the callback, skipping tokens it already got in an earlier, failed attempt.
+
+        Raises:
+            Whatever the callback raises; the processor fails this request alone.
+        """
+        self._seen += 1
+        if self.on_token is None or self._seen <= self._streamed:
+            return
+        self._streamed += 1
+        self.on_token(token)
+
+    def _new_attempt(self) -> None:
+        self._seen = 0
+
+
+# The processor runs a group of items as one batch and yields (index into the group, result or exception)
+# for each item as soon as its outcome is known.
+Processor = Callable[[Sequence[WorkItem]], Iterable[tuple[int, Any]]]
+
+
+class Batcher:
+    """A bounded queue and one worker thread that runs queued items in dynamic batches.
+
+    Args:
+        process: runs a group of items as one batch (see `Processor`).
+        options: window, batch size and queue bound.
+        name: used for the thread name and logs.
+    """
+
+    def __init__(self, process: Processor, options: BatchingOptions = BatchingOptions(), name: str = "model"):
+        self._process = process
+        self.options = options
+        self.name = name
+        self._queue: collections.deque[WorkItem] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name=f"batcher-{name}", daemon=True)
+        self._worker.start()
+
+    def submit(self, payload: Any, on_token: Callable[[Any], None] | None = None) -> Future:
+        """Queues one item; returns the future its result (or exception) will be set on.
+
+        Raises:
+            OverloadedError: the queue is full.
+            UnavailableError: the batcher is closed.
+        """
+        item = WorkItem(payload, on_token)
+        with self._cond:
+            if self._closed:
+                raise UnavailableError(f"model '{self.name}' is shutting down")
+            if len(self._queue) >= self.options.max_queue_size:
+                raise OverloadedError(
+                    f"model '{self.name}' has {len(self._queue)} requests queued (the limit); retry later"
+                )
+            self._queue.append(item)
+            self._cond.notify()
+        return item.future
+
+    def queued(self) -> int:
+        """Items waiting for a batch (not counting the running one)."""
+        with self._cond:
+            return len(self._queue)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stops accepting work, fails queued items with UnavailableError and lets the running batch finish."""
+        with self._cond:
+            self._closed = True
+            dropped = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for item in dropped:
+            if item.future.set_running_or_notify_cancel():
+                item.future.set_exception(UnavailableError(f"model '{self.name}' shut down before the request ran"))
+        if threading.current_thread() is not self._worker:
+            self._worker.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            items = self._next_batch()
+            if items is None:
+                return
+            # Skip items whose caller cancelled them while they waited.
+            items = [item for item in items if item.future.set_running_or_notify_cancel()]
+            if items:
+                self._run_batch(items)
+
+    def _next_batch(self) -> list[WorkItem] | None:
+        """Blocks for a first item, then gathers more until the window closes or the batch is full."""
+        with self._cond:
+            while not self._queue and not self._closed:
+                self._cond.wait()
+            if not self._queue:
+                return None
+            items = [self._queue.popleft()]
+            # The window counts from the first item's arrival: work that queued up while the previous batch
+            # ran starts at once.
+            deadline = time.monotonic() + self.options.window_seconds - (time.perf_counter() - items[0].accepted_at)
+            while len(items) < self.options.max_batch_size and not self._closed:
+                if self._queue:
+                    items.append(self._queue.popleft())
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            return items
+
+    def _run_batch(self, items: list[WorkItem]) -> None:
+        """Runs items together; on a failure, retries the ones still unanswered one by one."""
+        unanswered = dict(enumerate(items))
+        for item in items:
+            item._new_attempt()
+        try:
+            for index, outcome in self._process(items):
+                if index in unanswered:
+                    _resolve(unanswered.pop(index), outcome)
+        except Exception as exc:
+            if len(items) == 1:
+                _resolve(items[0], exc)
+                return
+            log.warning("batch of %d on %s failed (%r); retrying %d alone", len(items), self.name, exc, len(unanswered))
+            for item in unanswered.values():
+                self._run_batch([item])
+            return
+        except BaseException:
+            for item in unanswered.values():
+                _resolve(item, UnavailableError(f"model '{self.name}' worker stopped"))
+            raise
+        # A processor that ends without answering someone must not leave that caller waiting forever.
+        for item in unanswered.values():
+            _resolve(item, RuntimeError("the batch ended without an answer for this request"))
+
+
+def _resolve(item: WorkItem, outcome: Any) -> None:
+    if item.future.done():
+        return
+    if isinstance(outcome, BaseException):
+        item.future.set_exception(outcome)
+    else:
+        item.future.set_result(outcome)

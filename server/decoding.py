@@ -1,0 +1,447 @@
+"""The one decode loop, for every model the manifest can describe (numpy only).
+
+A `Batch` holds the model-side tensors of the requests decoded together: the static decoder inputs the
+encoder produced once, the recurrent state (a Transformer's K/V cache, an LSTM's h/c) and per-row
+positions and masks. It knows a model only through its manifest: every tensor is gathered along the batch
+axis the manifest names, appended state grows along its time axis, replaced state is fed back.
+
+A `DecodeStrategy` (greedy search, beam search) turns each step's logits into the next tokens and tells the
+batch which rows to keep: finished rows are dropped, beams are reordered. Finished requests come out of
+`decode()` at the step they finish, so a caller can answer them while the rest of the batch continues.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from attnserve.server.generation import FinishReason, GenerationRequest
+from attnserve.server.manifest import Manifest, StateSpec
+from attnserve.server.runtime import Runtime
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedRequest:
+    """A validated request, tokenized and resolved against its model; what the decode loop consumes."""
+
+    request: GenerationRequest
+    # Source ids, EOS included.
+    source_ids: tuple[int, ...]
+    # The resolved target language and the decoder start token for it.
+    target_language: str
+    start_id: int
+    # Resolved limit on generated tokens (EOS not counted), >= 1.
+    max_new_tokens: int
+    beam_size: int
+    # Non-negative decoder layer of the returned attention; None when no attention was asked for.
+    attention_layer: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutput:
+    logits: np.ndarray  # (B, V)
+    attention: np.ndarray  # (B, L, H, S): this step's cross-attention
+
+
+def pad_sources(sources: Sequence[Sequence[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pads source ids into one batch.
+
+    Returns:
+        input_ids (B, S) int64 padded with `pad`, and attention_mask (B, S) int64 (1 = real token).
+    """
+    lengths = np.array([len(s) for s in sources], dtype=np.int64)  # (B,)
+    width = int(lengths.max()) if len(sources) else 0
+    mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)  # (B, S)
+    ids = np.full((len(sources), width), pad, dtype=np.int64)
+    ids[mask.astype(bool)] = np.concatenate([np.asarray(s, dtype=np.int64) for s in sources]) if width else []
+    return ids, mask
+
+
+def _initial_state(spec: StateSpec, batch: int, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
+    if spec.init_from is not None:
+        return tensors[spec.init_from].astype(spec.dtype, copy=False)
+    shape = tuple(batch if d == "batch" else d for d in spec.shape)
+    return np.zeros(shape, dtype=spec.dtype)
+
+
+class Batch:
+    """The model-side tensors of rows decoded together, with explicit operations: build, step, select.
+
+    Rows are independent: each has its own position, self-attention mask and source length, so filtering
+    or reordering rows never changes what a row computes.
+    """
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        runtime: Runtime,
+        static: dict[str, np.ndarray],
+        state: dict[str, np.ndarray],
+        source_lengths: np.ndarray,
+    ):
+        self._manifest = manifest
+        self._runtime = runtime
+        self._static = static  # decoder input name -> tensor, batch along its spec's batch_axis
+        self._state = state  # decoder input name -> tensor
+        self._appends = any(s.update == "append" for s in manifest.state)
+        self.source_lengths = source_lengths  # (B,) real source tokens per row
+        b = len(source_lengths)
+        self.positions = np.zeros(b, dtype=np.int64)  # (B,) position of each row's next input token
+        self.self_mask = np.zeros((b, 0), dtype=np.int64)  # (B, T) which cache slots each row may attend
+
+    @classmethod
+    def build(cls, manifest: Manifest, runtime: Runtime, sources: Sequence[Sequence[int]]) -> Batch:
+        """Pads the sources, runs the encoder once and prepares static inputs and initial state.
+
+        Args:
+            sources: per row, source ids with EOS.
+        """
+        ids, mask = pad_sources(sources, manifest.special_tokens.pad)  # (B, S) each
+        feeds = {manifest.encoder.input_ids: ids, manifest.encoder.attention_mask: mask}
+        tensors = {**feeds, **runtime.encode(feeds)}
+        static = {s.target: tensors[s.source] for s in manifest.static}
+        state = {s.input: _initial_state(s, len(sources), tensors) for s in manifest.state}
+        return cls(manifest, runtime, static, state, mask.sum(axis=1))
+
+    def __len__(self) -> int:
+        return len(self.source_lengths)
+
+    def step(self, input_ids: np.ndarray) -> StepOutput:
+        """Runs one decoder step for every row and advances positions, masks and state.
+
+        Args:
+            input_ids: (B,) the newest token of each row.
+        """
+        b = len(self)
+        d = self._manifest.decoder
+        self_mask = np.concatenate([self.self_mask, np.ones((b, 1), dtype=np.int64)], axis=1)  # (B, T+1)
+        feeds = {**self._static, **self._state, d.input_ids: np.asarray(input_ids, dtype=np.int64).reshape(b, 1)}
+        if d.position_ids is not None:
+            feeds[d.position_ids] = self.positions[:, None]  # (B, 1)
+        if d.self_attention_mask is not None:
+            feeds[d.self_attention_mask] = self_mask
+        out = self._runtime.decode_step(feeds)
+        for spec in self._manifest.state:
+            new = out[spec.output]
+            if spec.update == "append":
+                new = np.concatenate([self._state[spec.input], new], axis=spec.time_axis)
+            self._state[spec.input] = new
+        if self._appends:
+            self.self_mask = self_mask
+        self.positions = self.positions + 1
+        return StepOutput(out[d.logits], out[self._manifest.attention.output])
+
+    def select(self, rows: np.ndarray) -> None:
+        """Keeps the given rows, in the given order; a row may appear more than once (beam search).
+
+        Every static and state tensor is gathered along its manifest batch axis. Source padding that no
+        remaining row needs is cut off, so later steps attend over fewer columns.
+
+        Args:
+            rows: (B',) indices into the current rows.
+        """
+        rows = np.asarray(rows, dtype=np.intp)
+        if len(rows) == len(self) and np.array_equal(rows, np.arange(len(self))):
+            return
+        for spec in self._manifest.static:
+            self._static[spec.target] = np.take(self._static[spec.target], rows, axis=spec.batch_axis)
+        for spec in self._manifest.state:
+            self._state[spec.input] = np.take(self._state[spec.input], rows, axis=spec.batch_axis)
+        self.source_lengths = self.source_lengths[rows]
+        self.positions = self.positions[rows]
+        self.self_mask = self.self_mask[rows]
+        self._trim_source()
+
+    def filter(self, keep_rows: np.ndarray) -> None:
+        """Drops every row not in `keep_rows` (ascending, unique): finished requests leave the batch."""
+        keep_rows = np.asarray(keep_rows, dtype=np.intp)
+        if np.any(np.diff(keep_rows) <= 0):
+            raise ValueError("filter() takes ascending, unique rows; use select() to reorder or repeat")
+        self.select(keep_rows)
+
+    def _trim_source(self) -> None:
+        width = int(self.source_lengths.max()) if len(self) else 0
+        for spec in self._manifest.static:
+            x = self._static[spec.target]
+            if x.shape[spec.source_axis] > width:
+                index = [slice(None)] * x.ndim
+                index[spec.source_axis] = slice(0, width)
+                self._static[spec.target] = x[tuple(index)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+    """A finished output sequence for one request."""
+
+    # The request's index in the list the strategy was built with.
+    index: int
+    token_ids: np.ndarray  # (n,) EOS excluded
+    logprobs: np.ndarray  # (n,) of each token
+    finish_reason: FinishReason
+    # (n, L, H, S) attention of each output token on the request's own S source tokens; None if not asked.
+    attention: np.ndarray | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepEvents:
+    """What one step produced: tokens ready to stream, and requests that finished."""
+
+    requests: np.ndarray  # (E,) request indices that got a final, streamable token this step
+    token_ids: np.ndarray  # (E,)
+    logprobs: np.ndarray  # (E,)
+    finished: list[Hypothesis]
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The strategy's answer to a step: which rows go on, and what each is fed next."""
+
+    rows: np.ndarray  # (B',) rows of the current batch, in their new order
+    tokens: np.ndarray  # (B',) next input token of each
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """(B, V) -> (B, V) log-probabilities, computed stably in float32."""
+    x = logits.astype(np.float32, copy=False)
+    m = x.max(axis=-1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Record:
+    """The candidates one step produced."""
+
+    parents: np.ndarray  # (E,) entry of the previous record each candidate extends
+    tokens: np.ndarray  # (E,)
+    logprobs: np.ndarray  # (E,)
+    rows: np.ndarray | None  # (E,) batch row each candidate came from; None = entry i is row i
+    attention: np.ndarray | None  # (B_step, L, H, S_step) the step's attention, by batch row
+
+
+class History:
+    """Back-pointers to every step's candidates, so a sequence is rebuilt once, when it finishes.
+
+    Nothing is copied per row per step; tracing costs one gather per step for all sequences that finish
+    together.
+
+    Args:
+        keep_attention: store each step's attention (needed when any request asks for it).
+    """
+
+    def __init__(self, keep_attention: bool):
+        self.keep_attention = keep_attention
+        self._records: list[_Record] = []
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def append(self, parents, tokens, logprobs, attention, rows=None) -> None:
+        attention = attention if self.keep_attention else None
+        self._records.append(_Record(parents, tokens, logprobs, rows, attention))
+
+    def trace(self, entries: np.ndarray, step: int = -1) -> tuple[np.ndarray, np.ndarray, list]:
+        """Follows back-pointers from `entries` of record `step` to the first record.
+
+        Returns:
+            tokens (F, n), logprobs (F, n), and per record (record, entries): the chain for attention().
+        """
+        step = step % len(self._records)
+        chain = []
+        for record in reversed(self._records[: step + 1]):
+            chain.append((record, entries))
+            entries = record.parents[entries]
+        chain.reverse()
+        tokens = np.stack([r.tokens[e] for r, e in chain], axis=1)  # (F, n)
+        logprobs = np.stack([r.logprobs[e] for r, e in chain], axis=1)  # (F, n)
+        return tokens, logprobs, chain
+
+    @staticmethod
+    def attention(chain: list, width: int) -> np.ndarray:
+        """(F, n, L, H, width) attention along a traced chain, cut to `width` source columns."""
+        steps = [r.attention[e if r.rows is None else r.rows[e], ..., :width] for r, e in chain]
+        return np.stack(steps, axis=1)
+
+
+class DecodeStrategy(abc.ABC):
+    """Chooses the next tokens from each step's logits and which batch rows continue.
+
+    Args:
+        requests: the requests of the batch, one row each when the batch is built.
+        eos: the end-of-sequence id.
+    """
+
+    def __init__(self, requests: Sequence[PreparedRequest], eos: int):
+        self.requests = list(requests)
+        self.eos = eos
+        self._cancelled = np.zeros(len(self.requests), dtype=bool)
+        self._max_new = np.array([r.max_new_tokens for r in self.requests], dtype=np.int64)  # (N,)
+        self._source_lengths = np.array([len(r.source_ids) for r in self.requests], dtype=np.int64)  # (N,)
+        self._wants_attention = np.array([r.attention_layer is not None for r in self.requests], dtype=bool)
+        self.history = History(keep_attention=bool(self._wants_attention.any()))
+
+    def cancel(self, index: int) -> None:
+        """Drops request `index` at the next step; it gets no hypothesis."""
+        self._cancelled[index] = True
+
+    @abc.abstractmethod
+    def start(self) -> Selection:
+        """Rows of the freshly built batch (one per request) to decode, and their start tokens."""
+
+    @abc.abstractmethod
+    def advance(self, logits: np.ndarray, attention: np.ndarray) -> tuple[Selection, StepEvents]:
+        """Consumes one step's (B, V) logits and (B, L, H, S) attention."""
+
+    def _hypotheses(self, indices, entries, reasons, step: int = -1) -> list[Hypothesis]:
+        """Rebuilds the sequences ending at `entries` of record `step` (EOS ones lose their last token)."""
+        if not len(entries):
+            return []
+        tokens, logprobs, chain = self.history.trace(np.asarray(entries), step)
+        attention = None
+        if self.history.keep_attention and self._wants_attention[indices].any():
+            attention = History.attention(chain, int(self._source_lengths[indices].max()))
+        out = []
+        for j, (index, reason) in enumerate(zip(indices, reasons)):
+            n = tokens.shape[1] - (reason is FinishReason.EOS)
+            weights = None
+            if attention is not None and self._wants_attention[index]:
+                weights = attention[j, :n, ..., : self._source_lengths[index]]
+            out.append(Hypothesis(int(index), tokens[j, :n], logprobs[j, :n], reason, weights))
+        return out
+
+
+class GreedySearch(DecodeStrategy):
+    """Takes the most likely token at every step; each request is one row."""
+
+    def start(self) -> Selection:
+        self._row_request = np.arange(len(self.requests))  # (B,) request of each row
+        self._parents = self._row_request  # (B,) entry of the previous record each row continues
+        return Selection(self._row_request, np.array([r.start_id for r in self.requests], dtype=np.int64))
+
+    def advance(self, logits: np.ndarray, attention: np.ndarray) -> tuple[Selection, StepEvents]:
+        tokens = logits.argmax(axis=-1)  # (B,)
+        logprobs = np.take_along_axis(log_softmax(logits), tokens[:, None], axis=1)[:, 0]  # (B,)
+        self.history.append(self._parents, tokens, logprobs, attention)
+        req = self._row_request
+        eos = tokens == self.eos
+        length = ~eos & (len(self.history) >= self._max_new[req])
+        cancelled = self._cancelled[req]
+        done = np.flatnonzero((eos | length) & ~cancelled)
+        reasons = [FinishReason.EOS if eos[row] else FinishReason.LENGTH for row in done]
+        finished = self._hypotheses(req[done], done, reasons)
+        keep = np.flatnonzero(~(eos | length | cancelled))
+        emit = ~eos & ~cancelled
+        events = StepEvents(req[emit], tokens[emit], logprobs[emit], finished)
+        self._row_request, self._parents = req[keep], keep
+        return Selection(keep, tokens[keep]), events
+
+
+class BeamSearch(DecodeStrategy):
+    """Keeps the `beam_size` best partial sequences of each request (all requests share one beam size).
+
+    A sequence's score is its summed log-probability; finished sequences are ranked by score / length
+    (tokens, EOS included). A request stops once it has `beam_size` finished sequences and its best running
+    beam, normalised the same way, cannot beat the worst of them (the usual heuristic), or at
+    max_new_tokens, where running beams compete too. Beams finish only as a whole request, so beam
+    requests stream nothing: their tokens come with their hypothesis.
+    """
+
+    def start(self) -> Selection:
+        n, self.k = len(self.requests), self.requests[0].beam_size
+        self._alive = np.arange(n)  # (R,) requests still decoding; request r owns rows r*k .. r*k+k-1
+        self._scores = np.full((n, self.k), -np.inf)  # (R, k) summed log-probabilities
+        self._scores[:, 0] = 0.0  # all beams start equal: expand only the first at step 0
+        self._parents = np.arange(n * self.k)  # (R*k,) entry of the previous record each row continues
+        self._finished: list[list[tuple[float, int, int]]] = [[] for _ in range(n)]  # (score, step, entry)
+        self._n_finished = np.zeros(n, dtype=np.int64)  # (N,) len(self._finished[i])
+        self._worst = np.full(n, np.inf)  # (N,) normalised score of the worst kept finished sequence
+        start = np.array([r.start_id for r in self.requests], dtype=np.int64)
+        return Selection(np.repeat(np.arange(n), self.k), np.repeat(start, self.k))
+
+    def advance(self, logits: np.ndarray, attention: np.ndarray) -> tuple[Selection, StepEvents]:
+        k, r, step = self.k, len(self._alive), len(self.history)
+        lp = log_softmax(logits)  # (R*k, V)
+        rows, tokens, scores = self._candidates(lp)  # each (R, 2k), best first
+        parents, logprobs = self._parents[rows].ravel(), lp[rows, tokens].ravel()
+        self.history.append(parents, tokens.ravel(), logprobs, attention, rows.ravel())
+        self._collect_eos(tokens == self.eos, scores, step)
+        # Each beam offers EOS at most once, so the 2k best hold at least k non-EOS continuations.
+        go_on = tokens != self.eos
+        go_on &= np.cumsum(go_on, axis=1) <= k  # (R, 2k), exactly k per request
+        entries = np.flatnonzero(go_on).reshape(r, k)  # into this step's record
+        scores = scores[go_on].reshape(r, k)
+        done = self._done(scores, step)
+        cancelled = self._cancelled[self._alive]
+        finished = [self._best(i, entries[i], scores[i], step) for i in np.flatnonzero(done & ~cancelled)]
+        keep = ~(done | cancelled)
+        entries = entries[keep].ravel()
+        self._alive, self._scores, self._parents = self._alive[keep], scores[keep], entries
+        none = np.zeros(0, dtype=np.int64)
+        events = StepEvents(none, none, np.zeros(0, dtype=np.float32), finished)
+        return Selection(rows.ravel()[entries], tokens.ravel()[entries]), events
+
+    def _candidates(self, lp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The 2k best (beam, token) extensions per request: batch rows, tokens and summed scores."""
+        k, r, v = self.k, len(self._alive), lp.shape[1]
+        total = (self._scores.reshape(-1, 1) + lp).reshape(r, k * v)  # (R, k*V)
+        top = np.argpartition(-total, 2 * k - 1, axis=1)[:, : 2 * k]  # (R, 2k), unordered
+        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(total, top, 1), 1, kind="stable"), 1)
+        rows = np.arange(r)[:, None] * k + top // v  # (R, 2k)
+        return rows, top % v, np.take_along_axis(total, top, axis=1)
+
+    def _collect_eos(self, eos: np.ndarray, scores: np.ndarray, step: int) -> None:
+        """Keeps EOS candidates ranked among a request's k best as finished sequences (the best k)."""
+        for i, j in zip(*np.nonzero(eos[:, : self.k])):
+            found = self._finished[self._alive[i]]
+            found.append((scores[i, j] / (step + 1), step, i * 2 * self.k + j))
+            found.sort(key=lambda f: -f[0])
+            del found[self.k :]
+            self._n_finished[self._alive[i]] = len(found)
+            self._worst[self._alive[i]] = found[-1][0]
+
+    def _done(self, scores: np.ndarray, step: int) -> np.ndarray:
+        """(R,) requests that stop now: at their length limit, or unable to improve on k finished ones."""
+        at_limit = step + 1 >= self._max_new[self._alive]
+        full = self._n_finished[self._alive] >= self.k
+        return at_limit | (full & (scores[:, 0] / (step + 1) <= self._worst[self._alive]))
+
+    def _best(self, i: int, entries: np.ndarray, scores: np.ndarray, step: int) -> Hypothesis:
+        """The best finished sequence of alive request i; its running beams compete at the length limit."""
+        index = int(self._alive[i])
+        options = [(s, st, e, FinishReason.EOS) for s, st, e in self._finished[index]]
+        if step + 1 >= self._max_new[index]:
+            options += [(s / (step + 1), step, e, FinishReason.LENGTH) for s, e in zip(scores, entries)]
+        _, at, entry, reason = max(options, key=lambda o: o[0])
+        return self._hypotheses(np.array([index]), np.array([entry]), [reason], at)[0]
+
+
+def decode(batch: Batch, strategy: DecodeStrategy) -> Iterator[StepEvents]:
+    """The decode loop: step the batch, let the strategy pick tokens and rows, until no row is left.
+
+    Yields:
+        One StepEvents per step; finished requests appear in the step they finish.
+    """
+    selection = strategy.start()
+    batch.select(selection.rows)
+    while len(batch):
+        out = batch.step(selection.tokens)
+        selection, events = strategy.advance(out.logits, out.attention)
+        batch.select(selection.rows)
+        yield events
+
+
+def make_strategy(requests: Sequence[PreparedRequest], eos: int) -> DecodeStrategy:
+    """The strategy for requests that share one beam size.
+
+    Raises:
+        ValueError: the requests have different beam sizes (the caller batches them apart).
+    """
+    sizes = {r.beam_size for r in requests}
+    if len(sizes) != 1:
+        raise ValueError(f"one batch needs one beam size, got {sorted(sizes)}")
+    size = sizes.pop()
+    if size == 1:
+        return GreedySearch(requests, eos)
+    return BeamSearch(requests, eos)

@@ -1,0 +1,350 @@
+"""A served model: validation, batching and decoding behind one object; and the registry of all of them.
+
+`ModelEngine.submit` validates on the caller's thread (bad input raises before anything is queued) and
+returns a future; the model's batcher thread runs the ONNX Runtime calls and resolves it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+
+import numpy as np
+
+from attnserve.server.attention import attention_matrix
+from attnserve.server.batcher import Batcher, BatchingOptions, WorkItem
+from attnserve.server.decoding import Batch, Hypothesis, PreparedRequest, StepEvents, decode, make_strategy
+from attnserve.server.generation import (
+    AttentionGranularity,
+    GenerationRequest,
+    GenerationResult,
+    ModelInfo,
+    Timings,
+    Token,
+)
+from attnserve.server.repository import ModelVersion, find_models, open_runtime
+from attnserve.server.runtime import Runtime, RuntimeOptions
+from attnserve.server.tokenization import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# Widest beam a request may ask for: every beam is a batch row, so this also bounds a request's cost.
+MAX_BEAM_SIZE = 16
+
+
+@dataclasses.dataclass
+class _Clock:
+    """perf_counter() readings shared by the requests of one batch."""
+
+    start: float  # the batch's first model call
+    encoded: float  # encoder done, first decode step starts
+    first_step: float | None = None  # first decode step done
+
+
+class ModelEngine:
+    """One model version: its tokenizer, ONNX Runtime sessions and dynamic batcher.
+
+    Args:
+        model: the repository's version folder and manifest.
+        runtime: the model's sessions (already checked against the manifest).
+        tokenizer: the model's tokenizer.
+        batching: window, batch size and queue bound of this model's batcher.
+    """
+
+    def __init__(
+        self,
+        model: ModelVersion,
+        runtime: Runtime,
+        tokenizer: Tokenizer,
+        batching: BatchingOptions = BatchingOptions(),
+    ):
+        self.model = model
+        self.manifest = model.manifest
+        self.runtime = runtime
+        self.tokenizer = tokenizer
+        self._batcher = Batcher(self._process, batching, name=self.manifest.name)
+
+    @property
+    def info(self) -> ModelInfo:
+        m = self.manifest
+        return ModelInfo(
+            name=m.name,
+            version=m.version,
+            task=m.task,
+            description=m.description,
+            source_languages=list(m.source_languages),
+            target_languages=list(m.target_languages),
+            max_source_tokens=m.limits.max_source_tokens,
+            max_new_tokens=m.limits.max_new_tokens,
+            attention_layers=m.attention.layers,
+            attention_heads=m.attention.heads,
+        )
+
+    def prepare(self, request: GenerationRequest) -> PreparedRequest:
+        """Validates and tokenizes a request.
+
+        Raises:
+            ValueError: empty text, unknown model or target language, out-of-range max_new_tokens,
+                beam_size or attention layer, or a source longer than the model accepts.
+        """
+        m = self.manifest
+        if request.model and request.model != m.name:
+            raise ValueError(f"request for model '{request.model}' sent to model '{m.name}'")
+        if not request.text or not request.text.strip():
+            raise ValueError("text is empty; give the text to translate")
+        language = request.target_language or m.target_languages[0]
+        if language not in m.decoder_start:
+            supported = ", ".join(m.target_languages)
+            raise ValueError(f"unknown target language '{language}' for model '{m.name}'; supported: {supported}")
+        max_new_tokens = self._max_new_tokens(request.decoding.max_new_tokens)
+        beam_size = request.decoding.beam_size
+        if not 1 <= beam_size <= MAX_BEAM_SIZE:
+            raise ValueError(f"beam_size {beam_size} is out of range: use 1 (greedy) to {MAX_BEAM_SIZE}")
+        layer = self._attention_layer(request) if request.attention.enabled else None
+        source_ids = self.tokenizer.encode(request.text)
+        if len(source_ids) > m.limits.max_source_tokens:
+            raise ValueError(
+                f"source is {len(source_ids)} tokens long (EOS included); model '{m.name}' accepts at most "
+                f"{m.limits.max_source_tokens}"
+            )
+        return PreparedRequest(
+            request=request,
+            source_ids=tuple(source_ids),
+            target_language=language,
+            start_id=m.decoder_start[language],
+            max_new_tokens=max_new_tokens,
+            beam_size=beam_size,
+            attention_layer=layer,
+        )
+
+    def _max_new_tokens(self, asked: int) -> int:
+        limit = self.manifest.limits.max_new_tokens
+        if asked == 0:
+            return limit
+        if not 1 <= asked <= limit:
+            raise ValueError(
+                f"max_new_tokens {asked} is out of range: use 1..{limit}, or 0 for the model's default ({limit})"
+            )
+        return asked
+
+    def _attention_layer(self, request: GenerationRequest) -> int:
+        layers, layer = self.manifest.attention.layers, request.attention.layer
+        if not -layers <= layer < layers:
+            raise ValueError(
+                f"attention layer {layer} is out of range: model '{self.manifest.name}' has {layers} decoder "
+                f"layers (use 0..{layers - 1}, or -{layers}..-1 counting from the last)"
+            )
+        return layer % layers
+
+    def submit(
+        self, request: GenerationRequest, on_token: Callable[[Token], None] | None = None
+    ) -> Future[GenerationResult]:
+        """Validates the request, then queues it.
+
+        Args:
+            on_token: called from the model's worker thread with each output token as soon as it is known
+                (greedy: every step; beam search: all at once when the request finishes). If it raises,
+                the request fails with that exception and leaves its batch.
+
+        Raises:
+            ValueError: see prepare(); OverloadedError: the queue is full; UnavailableError: closing.
+        """
+        return self._batcher.submit(self.prepare(request), on_token)
+
+    def generate(self, request: GenerationRequest, timeout: float | None = None) -> GenerationResult:
+        """Blocking submit(): waits for the result (TimeoutError after `timeout` seconds)."""
+        return self.submit(request).result(timeout)
+
+    def queued(self) -> int:
+        """Requests waiting for a batch."""
+        return self._batcher.queued()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Fails queued requests with UnavailableError, finishes the running batch, stops the worker."""
+        self._batcher.close(timeout)
+
+    # -- the worker side: everything below runs on the batcher's thread --
+
+    def _process(self, items: Sequence[WorkItem]) -> Iterator[tuple[int, object]]:
+        """Runs a batch; requests with different beam sizes decode in separate groups, one after another."""
+        groups: dict[int, list[int]] = {}
+        for index, item in enumerate(items):
+            groups.setdefault(item.payload.beam_size, []).append(index)
+        for indices in groups.values():
+            yield from self._run_group([items[i] for i in indices], indices)
+
+    def _run_group(self, items: Sequence[WorkItem], indices: Sequence[int]) -> Iterator[tuple[int, object]]:
+        prepared = [item.payload for item in items]
+        streamed = [0] * len(items)  # tokens passed to each item's callback
+        streaming = np.array([item.on_token is not None for item in items])  # (N,)
+        answered: set[int] = set()
+        # Encode once for the whole group.
+        clock = _Clock(start=time.perf_counter(), encoded=0.0)
+        batch = Batch.build(self.manifest, self.runtime, [p.source_ids for p in prepared])
+        clock.encoded = time.perf_counter()
+        strategy = make_strategy(prepared, self.manifest.special_tokens.eos)
+        try:
+            # Step until every row is done; answer each request in the step it finishes.
+            for events in decode(batch, strategy):
+                clock.first_step = clock.first_step or time.perf_counter()
+                for i, error in self._stream(items, events, streaming, streamed):
+                    strategy.cancel(i)
+                    answered.add(i)
+                    yield indices[i], error
+                for hyp in events.finished:
+                    if hyp.index in answered:
+                        continue
+                    answered.add(hyp.index)
+                    yield indices[hyp.index], self._answer(items[hyp.index], hyp, streamed, clock, len(items))
+        finally:
+            # Release the batch's tensors and the decode history now, not when the generator is collected.
+            del batch, strategy
+
+    def _stream(
+        self, items: Sequence[WorkItem], events: StepEvents, streaming: np.ndarray, streamed: list[int]
+    ) -> list[tuple[int, Exception]]:
+        """Passes this step's tokens to the callbacks that want them; returns the callbacks that raised."""
+        failed = []
+        wanted = streaming[events.requests]  # (E,) only rows with a callback cost Python work
+        requests, ids, logprobs = (a[wanted].tolist() for a in (events.requests, events.token_ids, events.logprobs))
+        for i, token_id, logprob in zip(requests, ids, logprobs):
+            try:
+                items[i].emit(Token(self.tokenizer.pieces([token_id])[0], token_id, logprob))
+                streamed[i] += 1
+            except Exception as exc:  # the caller's callback: fail this request only
+                failed.append((i, exc))
+        return failed
+
+    def _answer(self, item: WorkItem, hyp: Hypothesis, streamed: list[int], clock: _Clock, size: int) -> object:
+        """The finished request's result, or the exception that failed it."""
+        try:
+            result = self._result(item.payload, hyp, clock, item.accepted_at, size)
+        except Exception as exc:
+            log.exception("request %r failed while building its result", item.payload.request.request_id)
+            return exc
+        try:
+            for token in result.tokens[streamed[hyp.index] :]:  # beam search streams when it finishes
+                item.emit(token)
+        except Exception as exc:  # the caller's callback: fail this request only
+            return exc
+        return result
+
+    def _result(
+        self, prepared: PreparedRequest, hyp: Hypothesis, clock: _Clock, accepted: float, size: int
+    ) -> GenerationResult:
+        tok = self.tokenizer
+        ids = hyp.token_ids.tolist()
+        pieces = tok.pieces(ids)
+        tokens = [Token(p, i, lp) for p, i, lp in zip(pieces, ids, hyp.logprobs.tolist())]
+        source = list(prepared.source_ids)
+        source_pieces = tok.pieces(source)
+        attention = None
+        if prepared.attention_layer is not None:
+            words = prepared.request.attention.granularity is AttentionGranularity.WORDS
+            row_words, col_words = (tok.words(ids), tok.words(source)) if words else (None, None)
+            attention = attention_matrix(
+                hyp.attention, prepared.attention_layer, pieces, source_pieces, row_words, col_words
+            )
+        done = time.perf_counter()
+        timings = Timings(
+            queue_seconds=clock.start - accepted,
+            encode_seconds=clock.encoded - clock.start,
+            first_token_seconds=(clock.first_step or done) - accepted,
+            decode_seconds=done - clock.encoded,
+            total_seconds=done - accepted,
+            batch_size=size,
+        )
+        return GenerationResult(
+            model=self.manifest.name,
+            text=tok.decode(ids),
+            target_language=prepared.target_language,
+            tokens=tokens,
+            source_tokens=[Token(p, i, 0.0) for p, i in zip(source_pieces, source)],
+            finish_reason=hyp.finish_reason,
+            attention=attention,
+            timings=timings,
+        )
+
+
+class EngineRegistry:
+    """The engines of every model in a repository, by name."""
+
+    def __init__(self, engines: dict[str, ModelEngine]):
+        self._engines = dict(engines)
+
+    def get(self, name: str) -> ModelEngine:
+        """The engine serving `name`.
+
+        Raises:
+            ValueError: no such model (the message lists the available ones).
+        """
+        try:
+            return self._engines[name]
+        except KeyError:
+            available = ", ".join(sorted(self._engines)) or "none"
+            raise ValueError(f"unknown model '{name}'; available: {available}") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._engines)
+
+    def infos(self) -> list[ModelInfo]:
+        return [self._engines[name].info for name in self.names()]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._engines
+
+    def __len__(self) -> int:
+        return len(self._engines)
+
+    def __iter__(self):
+        return iter(self.names())
+
+    def close(self, timeout: float | None = None) -> None:
+        for engine in self._engines.values():
+            engine.close(timeout)
+
+
+def load_engine(
+    model: ModelVersion,
+    runtime_options: RuntimeOptions = RuntimeOptions(),
+    batching: BatchingOptions = BatchingOptions(),
+) -> ModelEngine:
+    """Opens one model version: sessions (checked against the manifest), tokenizer, batcher.
+
+    Raises:
+        ValueError: a graph or the tokenizer is broken, or the model can produce ids the tokenizer lacks.
+    """
+    runtime = open_runtime(model, runtime_options)
+    tokenizer = Tokenizer.from_manifest(model.path, model.manifest)
+    classes = runtime.decoder_signature.outputs[model.manifest.decoder.logits].shape[-1]
+    if isinstance(classes, int) and classes > tokenizer.vocab_size:
+        raise ValueError(
+            f"{model.decoder_path}: logits have {classes} classes but {model.tokenizer_path} has only "
+            f"{tokenizer.vocab_size} tokens"
+        )
+    return ModelEngine(model, runtime, tokenizer, batching)
+
+
+def load_engines(
+    repository_path: str | pathlib.Path,
+    runtime_options: RuntimeOptions = RuntimeOptions(),
+    batching_options: BatchingOptions = BatchingOptions(),
+) -> EngineRegistry:
+    """Loads the newest version of every model in a repository.
+
+    Raises:
+        ValueError: the repository or a model in it is broken (the message names the file); engines
+            already started are closed first.
+    """
+    engines: dict[str, ModelEngine] = {}
+    try:
+        for name, model in find_models(repository_path).items():
+            engines[name] = load_engine(model, runtime_options, batching_options)
+    except BaseException:
+        EngineRegistry(engines).close()
+        raise
+    return EngineRegistry(engines)

@@ -1,0 +1,334 @@
+"""Parses and validates manifest.json (docs/model-contract.md) into frozen dataclasses.
+
+The decode loop is driven only by these objects: which tensors the encoder feeds to the decoder once per
+request (`static`), which decoder state is carried from step to step (`state`), and the model's limits.
+Every problem is reported as a `ValueError` that names the file and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import types
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+FORMAT_VERSION = 1
+WORD_BOUNDARIES = ("metaspace-cjk",)
+STATE_UPDATES = ("append", "replace")
+STATE_DTYPES = ("float32", "float16", "int64", "int32", "bool")
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSpec:
+    # Tokenizer file name inside the version folder.
+    file: str
+    # How pieces group into words for word-level attention (see WORD_BOUNDARIES).
+    word_boundary: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialTokens:
+    pad: int
+    unk: int
+    eos: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    # Longest source, in tokens, EOS included.
+    max_source_tokens: int
+    # Upper bound (and default) for generated tokens, EOS not counted.
+    max_new_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+    # Decoder output holding the step's attention, shape (B, layers, heads, S).
+    output: str
+    layers: int
+    heads: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderSpec:
+    file: str
+    # Graph input name for the source ids (B, S) and for the source mask (B, S).
+    input_ids: str
+    attention_mask: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderSpec:
+    file: str
+    # Graph input name for the newest token per row (B, 1).
+    input_ids: str
+    # Graph input name for per-row positions (B, 1); None if the model takes none.
+    position_ids: str | None
+    # Graph input name for the (B, T+1) self-attention mask; None if the model takes none.
+    self_attention_mask: str | None
+    # Graph output name of the next-token logits (B, V).
+    logits: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticFeed:
+    """A decoder input computed once per request from the encoder call."""
+
+    # Encoder input or output the tensor comes from.
+    source: str
+    # Decoder input it feeds.
+    target: str
+    batch_axis: int
+    # Axis padded (with 0) when requests of different source lengths share a batch.
+    source_axis: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StateSpec:
+    """Recurrent decoder state carried from one step to the next."""
+
+    # Decoder input that receives the state, and decoder output that produces its update.
+    input: str
+    output: str
+    # "append": concatenate the output along time_axis (K/V cache); "replace": feed the output back.
+    update: str
+    batch_axis: int
+    # Axis the appended state grows along; None for "replace".
+    time_axis: int | None
+    dtype: str
+    # Initial shape; "batch" stands for the batch size.
+    shape: tuple[int | str, ...]
+    # None: zeros of `shape`; otherwise the name of the encoder output that initialises the state.
+    init_from: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    name: str
+    version: int
+    task: str
+    description: str
+    source_languages: tuple[str, ...]
+    target_languages: tuple[str, ...]
+    tokenizer: TokenizerSpec
+    special_tokens: SpecialTokens
+    # Target language -> the token the decoder starts with.
+    decoder_start: Mapping[str, int]
+    limits: Limits
+    attention: AttentionSpec
+    encoder: EncoderSpec
+    decoder: DecoderSpec
+    static: tuple[StaticFeed, ...]
+    state: tuple[StateSpec, ...]
+
+
+class _Reader:
+    """Typed access to one JSON object with error messages that name the file and the field path."""
+
+    def __init__(self, data: Any, where: str, path: str = ""):
+        self.where = where
+        self.path = path
+        if not isinstance(data, dict):
+            self.fail(f"must be an object, got {type(data).__name__}")
+        self.data = data
+
+    def fail(self, problem: str) -> NoReturn:
+        field = f" field '{self.path}'" if self.path else ""
+        raise ValueError(f"{self.where}:{field} {problem}")
+
+    def _field(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        if key not in self.data:
+            if default is ...:
+                raise ValueError(f"{self.where}: missing field '{self._field(key)}'")
+            return default
+        value = self.data[key]
+        # bool is an int subclass; a JSON true is never a valid count or id.
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, (int,))):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise ValueError(f"{self.where}: field '{self._field(key)}' must be {names}, got {value!r}")
+        return value
+
+    def integer(self, key: str, minimum: int | None = None, default: Any = ...) -> int:
+        value = self.get(key, int, default)
+        if minimum is not None and value is not None and value < minimum:
+            raise ValueError(f"{self.where}: field '{self._field(key)}' must be >= {minimum}, got {value}")
+        return value
+
+    def string(self, key: str, default: Any = ...) -> str:
+        return self.get(key, str, default)
+
+    def obj(self, key: str) -> _Reader:
+        return _Reader(self.get(key, dict), self.where, self._field(key))
+
+    def items(self, key: str) -> list[_Reader]:
+        return [_Reader(x, self.where, f"{self._field(key)}[{i}]") for i, x in enumerate(self.get(key, list))]
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        values = self.get(key, list)
+        if not values or not all(isinstance(v, str) and v for v in values):
+            raise ValueError(f"{self.where}: field '{self._field(key)}' must be a non-empty list of strings")
+        return tuple(values)
+
+
+def load_manifest(path: str | pathlib.Path) -> Manifest:
+    """Reads and validates a manifest.json file.
+
+    Raises:
+        ValueError: the file is missing, is not JSON, or breaks the contract; the message names the file.
+    """
+    path = pathlib.Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read manifest: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from exc
+    return parse_manifest(data, where=str(path))
+
+
+def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
+    """Validates a decoded manifest. Unknown fields (e.g. `model_config`) are ignored.
+
+    Args:
+        data: the decoded JSON object.
+        where: file name used in error messages.
+
+    Raises:
+        ValueError: a field is missing, mistyped or inconsistent; the message names the file and field.
+    """
+    r = _Reader(data, where)
+    format_version = r.integer("format_version")
+    if format_version != FORMAT_VERSION:
+        r.fail(f"format_version {format_version} is not supported (this server reads {FORMAT_VERSION})")
+    languages = r.obj("languages")
+    limits = r.obj("limits")
+    attention = r.obj("attention")
+    manifest = Manifest(
+        format_version=format_version,
+        name=r.string("name"),
+        version=r.integer("version", minimum=0),
+        task=r.string("task"),
+        description=r.string("description", default=""),
+        source_languages=languages.strings("source"),
+        target_languages=languages.strings("target"),
+        tokenizer=_tokenizer(r.obj("tokenizer")),
+        special_tokens=SpecialTokens(*(r.obj("special_tokens").integer(k, 0) for k in ("pad", "unk", "eos"))),
+        decoder_start=_decoder_start(r.obj("decoder_start")),
+        limits=Limits(limits.integer("max_source_tokens", 1), limits.integer("max_new_tokens", 1)),
+        attention=AttentionSpec(
+            attention.string("output"), attention.integer("layers", 1), attention.integer("heads", 1)
+        ),
+        encoder=_encoder(r.obj("encoder")),
+        decoder=_decoder(r.obj("decoder")),
+        static=tuple(_static(s) for s in r.items("static")),
+        state=tuple(_state(s) for s in r.items("state")),
+    )
+    _check_consistency(manifest, where)
+    return manifest
+
+
+def _tokenizer(r: _Reader) -> TokenizerSpec:
+    spec = TokenizerSpec(file=r.string("file"), word_boundary=r.string("word_boundary"))
+    if spec.word_boundary not in WORD_BOUNDARIES:
+        r.fail(f"word_boundary {spec.word_boundary!r} is not one of {list(WORD_BOUNDARIES)}")
+    return spec
+
+
+def _decoder_start(r: _Reader) -> Mapping[str, int]:
+    return types.MappingProxyType({language: r.integer(language, 0) for language in r.data})
+
+
+def _encoder(r: _Reader) -> EncoderSpec:
+    inputs = r.obj("inputs")
+    return EncoderSpec(
+        file=r.string("file"), input_ids=inputs.string("input_ids"), attention_mask=inputs.string("attention_mask")
+    )
+
+
+def _decoder(r: _Reader) -> DecoderSpec:
+    inputs = r.obj("inputs")
+    return DecoderSpec(
+        file=r.string("file"),
+        input_ids=inputs.string("input_ids"),
+        position_ids=inputs.string("position_ids", default=None),
+        self_attention_mask=inputs.string("self_attention_mask", default=None),
+        logits=r.obj("outputs").string("logits"),
+    )
+
+
+def _static(r: _Reader) -> StaticFeed:
+    if r.data.get("batch_axis") == r.data.get("source_axis"):
+        r.fail("batch_axis and source_axis must differ")
+    return StaticFeed(
+        source=r.string("from"),
+        target=r.string("to"),
+        batch_axis=r.integer("batch_axis", 0),
+        source_axis=r.integer("source_axis", 0),
+    )
+
+
+def _state(r: _Reader) -> StateSpec:
+    update = r.string("update")
+    if update not in STATE_UPDATES:
+        r.fail(f"update {update!r} is not one of {list(STATE_UPDATES)}")
+    dtype = r.string("dtype")
+    if dtype not in STATE_DTYPES:
+        r.fail(f"dtype {dtype!r} is not one of {list(STATE_DTYPES)}")
+    shape = tuple(r.get("shape", list))
+    batch_axis = r.integer("batch_axis", 0)
+    time_axis = r.integer("time_axis", 0, default=None)
+    if update == "append" and time_axis is None:
+        r.fail("an 'append' state needs a time_axis")
+    if not all(d == "batch" or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in shape):
+        r.fail(f"shape {list(shape)} must hold non-negative ints and the string 'batch'")
+    if batch_axis >= len(shape) or shape[batch_axis] != "batch" or shape.count("batch") != 1:
+        r.fail(f"shape {list(shape)} must say 'batch' exactly once, at batch_axis {batch_axis}")
+    if time_axis is not None and (time_axis >= len(shape) or time_axis == batch_axis):
+        r.fail(f"time_axis {time_axis} is not a non-batch axis of shape {list(shape)}")
+    return StateSpec(
+        input=r.string("input"),
+        output=r.string("output"),
+        update=update,
+        batch_axis=batch_axis,
+        time_axis=time_axis,
+        dtype=dtype,
+        shape=shape,
+        init_from=_state_init(r),
+    )
+
+
+def _state_init(r: _Reader) -> str | None:
+    init = r.get("init", (str, dict))
+    if init == "zeros":
+        return None
+    if isinstance(init, dict) and isinstance(init.get("from"), str) and len(init) == 1:
+        return init["from"]
+    r.fail(f"init must be \"zeros\" or {{\"from\": \"<encoder output>\"}}, got {init!r}")
+
+
+def _check_consistency(m: Manifest, where: str) -> None:
+    """Cross-field checks: every target language has a start token; decoder inputs/outputs used once."""
+    missing = [lang for lang in m.target_languages if lang not in m.decoder_start]
+    if missing:
+        raise ValueError(f"{where}: decoder_start has no token for target language(s) {missing}")
+    extra = [lang for lang in m.decoder_start if lang not in m.target_languages]
+    if extra:
+        raise ValueError(f"{where}: decoder_start names {extra}, which are not in languages.target")
+    fed = [m.decoder.input_ids, m.decoder.position_ids, m.decoder.self_attention_mask]
+    fed = [name for name in fed if name is not None]
+    fed += [s.target for s in m.static] + [s.input for s in m.state]
+    duplicates = sorted({name for name in fed if fed.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"{where}: decoder input(s) {duplicates} are fed more than once (decoder.inputs/static/state)")
+    outputs = [s.output for s in m.state] + [m.decoder.logits, m.attention.output]
+    duplicates = sorted({name for name in outputs if outputs.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"{where}: decoder output(s) {duplicates} are used more than once (state/logits/attention)")

@@ -1,0 +1,219 @@
+"""ModelEngine end to end on the tiny model: validation, results, batching, streaming, failure isolation."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine import load_engine, load_engines
+from attnserve.server.generation import (
+    AttentionGranularity,
+    AttentionOptions,
+    DecodingOptions,
+    FinishReason,
+    GenerationRequest,
+    UnavailableError,
+)
+from attnserve.server.repository import find_models
+from attnserve.server.runtime import RuntimeOptions
+
+MODEL = "tiny-translate"
+WAIT = 60  # seconds; only a bound against hanging, never asserted on
+TEXTS = [
+    "Open the File menu, then choose Save.",
+    "知識就是力量。",
+    "今天天氣很好，我們去公園散步吧！",
+    "Save",
+    "The weather is nice today, let's take a walk in the park!",
+    "這個按鈕",
+    "用 Python 寫程式很有趣",
+    "This button closes the window",
+]
+PIECES = AttentionOptions(enabled=True, layer=-1, granularity=AttentionGranularity.PIECES)
+WORDS = AttentionOptions(enabled=True, layer=0, granularity=AttentionGranularity.WORDS)
+
+
+@pytest.fixture(scope="module")
+def registry(tiny_model_repo):
+    registry = load_engines(tiny_model_repo, RuntimeOptions(), BatchingOptions(window_seconds=0.001))
+    yield registry
+    registry.close()
+
+
+@pytest.fixture(scope="module")
+def engine(registry):
+    return registry.get(MODEL)
+
+
+@pytest.fixture
+def batch_of_8(tiny_model_repo):
+    """An engine whose batches close only when 8 requests are in: 8 concurrent submits share one batch."""
+    engine = load_engine(find_models(tiny_model_repo)[MODEL], RuntimeOptions(), BatchingOptions(8, 60.0))
+    yield engine
+    engine.close()
+
+
+def request(i: int, max_new_tokens: int = 0, attention=PIECES, beam_size: int = 1) -> GenerationRequest:
+    return GenerationRequest(
+        MODEL,
+        TEXTS[i],
+        ["en", "zh-TW"][i % 2],
+        DecodingOptions(max_new_tokens=max_new_tokens or [40, 12, 33, 40, 2, 26, 40, 7][i], beam_size=beam_size),
+        attention,
+        request_id=f"r{i}",
+    )
+
+
+def test_info_and_registry(registry, engine):
+    info = engine.info
+    assert (info.name, info.version, info.task) == (MODEL, 1, "translation")
+    assert info.target_languages == ["en", "zh-TW"] and info.max_new_tokens == 40 and info.max_source_tokens == 48
+    assert (info.attention_layers, info.attention_heads) == (2, 4)
+    assert registry.names() == [MODEL] and MODEL in registry and registry.infos() == [info]
+    with pytest.raises(ValueError, match="unknown model 'nope'; available: tiny-translate"):
+        registry.get("nope")
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"text": "   \n"}, "text is empty"),
+        ({"text": ""}, "text is empty"),
+        ({"target_language": "fr"}, "unknown target language 'fr' for model 'tiny-translate'; supported: en, zh-TW"),
+        ({"text": "知" * 48}, r"source is 49 tokens long \(EOS included\); model 'tiny-translate' accepts at most 48"),
+        ({"decoding": DecodingOptions(max_new_tokens=41)}, r"max_new_tokens 41 is out of range: use 1..40, or 0"),
+        ({"decoding": DecodingOptions(max_new_tokens=-1)}, "max_new_tokens -1 is out of range"),
+        ({"decoding": DecodingOptions(beam_size=0)}, "beam_size 0 is out of range"),
+        ({"attention": AttentionOptions(enabled=True, layer=2)}, "attention layer 2 is out of range: .* has 2 decoder"),
+        ({"attention": AttentionOptions(enabled=True, layer=-3)}, "attention layer -3 is out of range"),
+        ({"model": "other"}, "request for model 'other' sent to model 'tiny-translate'"),
+    ],
+)
+def test_bad_requests_raise_before_queueing(engine, changes, message):
+    fields = {"model": MODEL, "text": "Save", **changes}
+    if fields["text"].startswith("知"):
+        assert len(engine.tokenizer.encode(fields["text"])) == 49, "the tokenizer changed; fix the length"
+        assert engine.prepare(GenerationRequest(MODEL, "知" * 47)).source_ids[-1] == 2  # 48 tokens: accepted
+    with pytest.raises(ValueError, match=message):
+        engine.submit(GenerationRequest(**fields))
+
+
+def test_result_holds_tokens_sources_and_piece_attention(engine):
+    result = engine.generate(request(0, max_new_tokens=6), timeout=WAIT)
+    source = engine.tokenizer.encode(TEXTS[0])
+    assert result.model == MODEL and result.target_language == "en"
+    assert [t.id for t in result.source_tokens] == source and result.source_tokens[-1].piece == "</s>"
+    assert 1 <= len(result.tokens) <= 6
+    assert result.finish_reason is FinishReason.LENGTH or len(result.tokens) < 6
+    assert result.text == engine.tokenizer.decode([t.id for t in result.tokens])
+    assert all(t.logprob <= 0 for t in result.tokens)
+    m = result.attention
+    assert m.layer == 1 and m.reduction == "layer 1 of 2, mean over 4 heads, pieces"
+    assert m.row_labels == [t.piece for t in result.tokens]
+    assert m.col_labels == [t.piece for t in result.source_tokens]
+    np.testing.assert_allclose(np.sum(m.weights, axis=1), 1.0, atol=1e-5)
+
+
+def test_word_attention_keeps_rows_summing_to_one(engine):
+    result = engine.generate(request(6, max_new_tokens=8, attention=WORDS), timeout=WAIT)
+    m = result.attention
+    assert m.col_labels == ["用", "Python", "寫", "程", "式", "很", "有", "趣", "</s>"]
+    assert m.layer == 0 and m.reduction.endswith("words")
+    assert len(m.row_labels) == len(engine.tokenizer.words([t.id for t in result.tokens]).labels)
+    np.testing.assert_allclose(np.sum(m.weights, axis=1), 1.0, atol=1e-5)
+
+
+def test_defaults_first_language_no_attention(engine):
+    result = engine.generate(GenerationRequest(MODEL, "Save", decoding=DecodingOptions(max_new_tokens=2)), WAIT)
+    assert result.target_language == "en" and result.attention is None and len(result.tokens) <= 2
+    t = result.timings
+    assert t.batch_size == 1 and min(t.queue_seconds, t.encode_seconds, t.decode_seconds) >= 0
+    assert t.total_seconds >= t.first_token_seconds >= t.queue_seconds and t.total_seconds >= t.decode_seconds
+
+
+def test_concurrent_requests_share_a_batch_and_match_alone(engine, batch_of_8):
+    streams = [[] for _ in TEXTS]
+    futures = [batch_of_8.submit(request(i), on_token=streams[i].append) for i in range(len(TEXTS))]
+    batched = [f.result(WAIT) for f in futures]
+    assert {r.timings.batch_size for r in batched} == {8}
+    for i, result in enumerate(batched):
+        alone = engine.generate(request(i), timeout=WAIT)
+        assert alone.timings.batch_size == 1
+        assert [t.id for t in result.tokens] == [t.id for t in alone.tokens]
+        np.testing.assert_allclose(result.attention.weights, alone.attention.weights, atol=1e-5)
+        assert streams[i] == result.tokens  # streamed == unary
+
+
+def test_a_failing_request_does_not_fail_its_batch(engine, batch_of_8, monkeypatch):
+    # One source holds an id the model does not have: the whole batch's encoder call fails, then every
+    # request is retried alone and only the bad one fails.
+    encode = batch_of_8.tokenizer.encode
+    monkeypatch.setattr(batch_of_8.tokenizer, "encode", lambda text: [10**6] if text == "BAD" else encode(text))
+    bad = GenerationRequest(MODEL, "BAD", decoding=DecodingOptions(max_new_tokens=3))
+    futures = [batch_of_8.submit(bad if i == 3 else request(i)) for i in range(8)]
+    with pytest.raises(Exception, match="Gather"):
+        futures[3].result(WAIT)
+    for i in (0, 1, 2, 4, 5, 6, 7):
+        result = futures[i].result(WAIT)
+        assert result.timings.batch_size == 1  # retried alone
+        assert [t.id for t in result.tokens] == [t.id for t in engine.generate(request(i), WAIT).tokens]
+
+
+def test_a_raising_token_callback_fails_only_its_request(engine, batch_of_8):
+    class Gone(Exception):
+        pass
+
+    def hang_up(token):
+        raise Gone("client went away")
+
+    futures = [batch_of_8.submit(request(i), on_token=hang_up if i == 2 else None) for i in range(8)]
+    with pytest.raises(Gone):
+        futures[2].result(WAIT)
+    results = [futures[i].result(WAIT) for i in range(8) if i != 2]
+    assert {r.timings.batch_size for r in results} == {8}
+    assert [t.id for t in results[0].tokens] == [t.id for t in engine.generate(request(0), WAIT).tokens]
+
+
+def test_beam_search_requests(engine):
+    streamed = []
+    beam = engine.submit(request(5, attention=WORDS, beam_size=3), on_token=streamed.append).result(WAIT)
+    greedy = engine.generate(request(5, attention=WORDS), WAIT)
+    assert streamed == beam.tokens  # beams stream all tokens when they finish
+    assert [t.id for t in beam.tokens] != [t.id for t in greedy.tokens], "the test needs beams to differ"
+    assert len(beam.attention.row_labels) == len(engine.tokenizer.words([t.id for t in beam.tokens]).labels)
+    np.testing.assert_allclose(np.sum(beam.attention.weights, axis=1), 1.0, atol=1e-5)
+
+
+def test_mixed_beam_sizes_in_one_batch(engine, batch_of_8):
+    futures = [batch_of_8.submit(request(i, beam_size=1 + i % 2)) for i in range(8)]
+    results = [f.result(WAIT) for f in futures]
+    assert {r.timings.batch_size for r in results} == {4}  # two groups, one per beam size
+    for i in (0, 1):
+        alone = engine.generate(request(i, beam_size=1 + i % 2), WAIT)
+        assert [t.id for t in results[i].tokens] == [t.id for t in alone.tokens]
+
+
+def test_closed_engine_refuses_work(tiny_model_repo):
+    engine = load_engine(find_models(tiny_model_repo)[MODEL], RuntimeOptions(), BatchingOptions())
+    assert engine.generate(request(3, max_new_tokens=1), WAIT).tokens
+    closer = threading.Thread(target=engine.close)
+    closer.start()
+    closer.join(WAIT)
+    with pytest.raises(UnavailableError):
+        engine.submit(request(3))
+
+
+def test_a_tokenizer_smaller_than_the_model_is_refused(tmp_path, tiny_model_repo):
+    from attnserve.export import bpe
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_model_repo, repo)
+    bpe.train_tokenizer(["Save the file", "儲存"], vocab_size=20, min_frequency=1).save(
+        str(repo / MODEL / "1" / "tokenizer.json")
+    )
+    with pytest.raises(ValueError, match=r"decoder.onnx: logits have \d+ classes but .*tokenizer.json has only"):
+        load_engines(repo)
