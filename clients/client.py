@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 
 from attnserve.server import convert
-from attnserve.server.convert import StreamedToken
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
@@ -26,6 +25,7 @@ from attnserve.server.generation import (
     GenerationRequest,
     GenerationResult,
     ModelInfo,
+    StreamedToken,
 )
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
@@ -131,7 +131,9 @@ class Client:
     ) -> Iterator[StreamedToken | GenerationResult]:
         """Yields a `StreamedToken` per generated token, then the `GenerationResult`.
 
-        Leaving the loop early cancels the request on the server.
+        A token carries its attention row (one weight per source piece, EOS included) when the request
+        asked for attention, at either granularity; the final result has the whole matrix. Leaving the
+        loop early cancels the request on the server, which stops decoding it.
         """
         call = self._stub.GenerateStream(convert.request_to_proto(request, source_language), timeout=self.timeout)
         try:
@@ -199,7 +201,7 @@ class AsyncClient:
     async def stream(
         self, request: GenerationRequest, source_language: str | None = None
     ) -> AsyncIterator[StreamedToken | GenerationResult]:
-        """Yields a `StreamedToken` per generated token, then the `GenerationResult`."""
+        """Yields a `StreamedToken` per generated token, then the `GenerationResult` (see `Client.stream`)."""
         call = self._stub.GenerateStream(convert.request_to_proto(request, source_language), timeout=self.timeout)
         try:
             with _rpc_errors():

@@ -41,6 +41,27 @@ def translate(model, tokenizer, texts: list[str], target: str, batch_size: int =
     return results
 
 
+def translate_served(repository: pathlib.Path, name: str, texts: list[str], target: str, max_new: int = 128) -> list[str]:
+    """The same translations through the serving engine (ONNX Runtime, dynamic batching), in input order."""
+    from attnserve.server.batcher import BatchingOptions
+    from attnserve.server.engine import load_engines
+    from attnserve.server.generation import DecodingOptions, GenerationRequest
+    from attnserve.server.runtime import RuntimeOptions
+
+    engine = load_engines(repository, RuntimeOptions(), BatchingOptions()).get(name)
+    try:
+        results = []
+        for begin in range(0, len(texts), 128):  # stay under the batcher's queue bound
+            futures = [
+                engine.submit(GenerationRequest(name, text, target, DecodingOptions(max_new_tokens=max_new)))
+                for text in texts[begin : begin + 128]
+            ]
+            results += [f.result().text for f in futures]
+        return results
+    finally:
+        engine.close()
+
+
 def score(hypotheses: list[str], references: list[str], target: str) -> dict:
     tokenize = "zh" if target == "zh-TW" else "13a"
     bleu_metric, chrf_metric = sacrebleu.metrics.BLEU(tokenize=tokenize), sacrebleu.metrics.CHRF()
@@ -53,7 +74,8 @@ def score(hypotheses: list[str], references: list[str], target: str) -> dict:
     }
 
 
-def evaluate(checkpoint: pathlib.Path, split: pathlib.Path, limit: int, examples: int) -> dict:
+def evaluate(checkpoint: pathlib.Path, split: pathlib.Path, limit: int, examples: int, served=None) -> dict:
+    """Scores the checkpoint; with `served` = (repository, model name), also the exported model as served."""
     model, tokenizer = load_checkpoint(checkpoint)
     pairs = read_pairs(split)[:limit] if limit else read_pairs(split)
     report = {"checkpoint": str(checkpoint), "split": str(split), "pairs": len(pairs), "directions": {}}
@@ -70,6 +92,11 @@ def evaluate(checkpoint: pathlib.Path, split: pathlib.Path, limit: int, examples
             {"source": sources[i], "reference": references[i], "hypothesis": hypotheses[i]}
             for i in range(0, len(pairs), step)[:examples]
         ]
+        if served:
+            # Same weights, ONNX Runtime + batching: outputs should be identical to PyTorch's.
+            served_hypotheses = translate_served(*served, sources, target)
+            result["served"] = score(served_hypotheses, references, target)
+            result["served"]["identical_to_pytorch"] = sum(a == b for a, b in zip(served_hypotheses, hypotheses))
         report["directions"][name] = result
     return report
 
@@ -82,9 +109,12 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=pathlib.Path)
+    parser.add_argument("--served-models", type=pathlib.Path, help="also score this repository's exported model")
+    parser.add_argument("--served-name", default="translate-zh-en")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    report = evaluate(args.checkpoint, args.split, args.limit, args.examples)
+    served = (args.served_models, args.served_name) if args.served_models else None
+    report = evaluate(args.checkpoint, args.split, args.limit, args.examples, served)
     text = json.dumps(report, indent=2, ensure_ascii=False)
     if args.out:
         args.out.write_text(text + "\n")

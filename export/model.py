@@ -12,6 +12,7 @@ import math
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +190,13 @@ class Transformer(nn.Module):
         Returns:
             logits (B, Tq, V), per layer new (k, v) each (B, H, Tq, Dh), cross weights (B, L, H, Tq, S).
         """
+        hidden, new_kv, weights = self.decode_hidden(
+            input_ids, position_ids, self_mask, past_kv, cross_kv, encoder_attention_mask
+        )
+        return self.project(hidden), new_kv, weights
+
+    def decode_hidden(self, input_ids, position_ids, self_mask, past_kv, cross_kv, encoder_attention_mask):
+        """decode() up to the final layer norm: returns hidden states (B, Tq, D) instead of logits."""
         x = self.embed_tokens(input_ids, position_ids)
         cross_mask = encoder_attention_mask.bool()[:, None, None, :]
         new_kv, weights = [], []
@@ -196,8 +204,15 @@ class Transformer(nn.Module):
             x, k, v, w = layer(x, pk, pv, self_mask, ck, cv, cross_mask)
             new_kv.append((k, v))
             weights.append(w)
-        logits = self.decoder_norm(x) @ self.embed.weight.T
-        return logits, new_kv, torch.stack(weights, dim=1)
+        return self.decoder_norm(x), new_kv, torch.stack(weights, dim=1)
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., V) logits with the tied embedding matrix.
+
+        With 2-D input and a bias, the ONNX exporter emits one Gemm(transB=1) that reads the embedding
+        itself; without a bias (or with `x @ W.T`) it folds a transposed 16 MB copy of the table into the graph.
+        """
+        return F.linear(hidden, self.embed.weight, self.embed.weight.new_zeros(self.cfg.vocab_size))
 
     def empty_cache(self, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (batch, self.cfg.heads, 0, self.cfg.d_model // self.cfg.heads)

@@ -47,11 +47,12 @@ class DecoderStepGraph(nn.Module):
         past_kv = [(caches[2 * i], caches[2 * i + 1]) for i in range(n)]
         cross_kv = [(caches[2 * n + 2 * i], caches[2 * n + 2 * i + 1]) for i in range(n)]
         self_mask = decoder_attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T+1)
-        logits, new_kv, weights = self.model.decode(
+        hidden, new_kv, weights = self.model.decode_hidden(
             input_ids, position_ids, self_mask, past_kv, cross_kv, encoder_attention_mask
         )
-        # (B, 1, V) -> (B, V); weights (B, L, H, 1, S) -> (B, L, H, S)
-        return (logits[:, 0], *[t for kv in new_kv for t in kv], weights[:, :, :, 0])
+        logits = self.model.project(hidden[:, 0])  # (B, V), from 2-D input so the embedding is not copied
+        # weights (B, L, H, 1, S) -> (B, L, H, S)
+        return (logits, *[t for kv in new_kv for t in kv], weights[:, :, :, 0])
 
 
 def kv_names(prefix: str, part: str, layers: int) -> list[str]:

@@ -5,6 +5,10 @@ past `max_batch_size`), and hands the group to a processor that yields each requ
 is known, so a request that finishes early is answered while the rest of its batch continues. If the
 processor raises, the requests it had not answered are retried one at a time, so only the bad one fails.
 
+A caller may cancel an item. A queued item is dropped before it runs; a running one is marked
+`cancelled`, and the processor, which checks the mark between its steps, ends it with CancelledError
+while its neighbours go on.
+
 The batcher knows nothing about models: the engine supplies the processor.
 """
 
@@ -16,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from attnserve.server.generation import OverloadedError, UnavailableError
@@ -43,7 +47,7 @@ class BatchingOptions:
 
 
 class WorkItem:
-    """One queued request: its payload, its future, and its optional token callback.
+    """One queued request: its payload, its future, its optional token callback and its cancel mark.
 
     Args:
         payload: whatever the processor consumes (the engine's PreparedRequest).
@@ -55,6 +59,8 @@ class WorkItem:
         self.on_token = on_token
         self.future: Future = Future()
         self.accepted_at = time.perf_counter()
+        # Set from any thread when the caller gives up; read by the processor between steps.
+        self.cancelled = False
         self._streamed = 0  # tokens the callback has received, over every attempt
         self._seen = 0  # tokens offered during the current attempt
 
@@ -69,6 +75,12 @@ class WorkItem:
             return
         self._streamed += 1
         self.on_token(token)
+
+    def cancel(self) -> None:
+        """Marks the item cancelled, and cancels its future if it is still queued."""
+        # Mark first: if the worker starts the item between these two lines, the processor sees the mark.
+        self.cancelled = True
+        self.future.cancel()  # succeeds only while queued; a running item is the processor's to end
 
     def _new_attempt(self) -> None:
         self._seen = 0
@@ -93,6 +105,7 @@ class Batcher:
         self.options = options
         self.name = name
         self._queue: collections.deque[WorkItem] = collections.deque()
+        self._items: dict[Future, WorkItem] = {}  # every item not yet answered, queued or running
         self._cond = threading.Condition()
         self._closed = False
         self._worker = threading.Thread(target=self._run, name=f"batcher-{name}", daemon=True)
@@ -106,6 +119,7 @@ class Batcher:
             UnavailableError: the batcher is closed.
         """
         item = WorkItem(payload, on_token)
+        item.future.add_done_callback(self._forget)
         with self._cond:
             if self._closed:
                 raise UnavailableError(f"model '{self.name}' is shutting down")
@@ -114,8 +128,20 @@ class Batcher:
                     f"model '{self.name}' has {len(self._queue)} requests queued (the limit); retry later"
                 )
             self._queue.append(item)
+            self._items[item.future] = item
             self._cond.notify()
         return item.future
+
+    def cancel(self, future: Future) -> None:
+        """Cancels the item of a future `submit` returned; a no-op once it is answered.
+
+        A queued item's future is cancelled at once. A running item's future ends with CancelledError
+        when the processor next checks `WorkItem.cancelled` (the engine: after the current decode step).
+        """
+        with self._cond:
+            item = self._items.get(future)
+        if item is not None:
+            item.cancel()
 
     def queued(self) -> int:
         """Items waiting for a batch (not counting the running one)."""
@@ -168,6 +194,13 @@ class Batcher:
 
     def _run_batch(self, items: list[WorkItem]) -> None:
         """Runs items together; on a failure, retries the ones still unanswered one by one."""
+        # Items cancelled since they left the queue (or before a retry) end before any model work.
+        for item in items:
+            if item.cancelled:
+                _resolve(item, CancelledError("the caller cancelled the request"))
+        items = [item for item in items if not item.cancelled]
+        if not items:
+            return
         unanswered = dict(enumerate(items))
         for item in items:
             item._new_attempt()
@@ -190,6 +223,11 @@ class Batcher:
         # A processor that ends without answering someone must not leave that caller waiting forever.
         for item in unanswered.values():
             _resolve(item, RuntimeError("the batch ended without an answer for this request"))
+
+    def _forget(self, future: Future) -> None:
+        """Done-callback of every item's future: an answered item can no longer be cancelled."""
+        with self._cond:
+            self._items.pop(future, None)
 
 
 def _resolve(item: WorkItem, outcome: Any) -> None:

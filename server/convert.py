@@ -28,16 +28,6 @@ _GRANULARITIES = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class StreamedToken:
-    """One message of a token stream, before the final result."""
-
-    index: int  # position in the output, counted from 0
-    token: gen.Token
-    # Attention of this token over the final matrix's columns; empty when not requested or not reported.
-    attention: list[float] = dataclasses.field(default_factory=list)
-
-
 # ---- requests ----------------------------------------------------------------------------------------
 
 
@@ -203,9 +193,9 @@ def attention_from_proto(msg: pb.AttentionMatrix) -> gen.AttentionMatrix:
 # ---- streams -----------------------------------------------------------------------------------------
 
 
-def token_event_to_proto(event: StreamedToken) -> pb.GenerateStreamResponse:
+def token_event_to_proto(event: gen.StreamedToken) -> pb.GenerateStreamResponse:
     return pb.GenerateStreamResponse(
-        token=pb.TokenEvent(index=event.index, token=token_to_proto(event.token), attention=event.attention)
+        token=pb.TokenEvent(index=event.index, token=token_to_proto(event.token), attention=event.attention or [])
     )
 
 
@@ -213,7 +203,7 @@ def final_to_proto(result: gen.GenerationResult) -> pb.GenerateStreamResponse:
     return pb.GenerateStreamResponse(response=result_to_proto(result))
 
 
-def stream_event_from_proto(msg: pb.GenerateStreamResponse) -> StreamedToken | gen.GenerationResult:
+def stream_event_from_proto(msg: pb.GenerateStreamResponse) -> gen.StreamedToken | gen.GenerationResult:
     """Converts one stream message to a `StreamedToken` or, for the final message, the result.
 
     Raises:
@@ -222,7 +212,8 @@ def stream_event_from_proto(msg: pb.GenerateStreamResponse) -> StreamedToken | g
     kind = msg.WhichOneof("event")
     if kind == "token":
         event = msg.token
-        return StreamedToken(event.index, token_from_proto(event.token), list(event.attention))
+        # A row always has a column for the source's EOS, so an empty one means none was sent.
+        return gen.StreamedToken(event.index, token_from_proto(event.token), list(event.attention) or None)
     if kind == "response":
         return result_from_proto(msg.response)
     raise ValueError("stream message carries neither a token nor a response")

@@ -193,6 +193,9 @@ class StepEvents:
     token_ids: np.ndarray  # (E,)
     logprobs: np.ndarray  # (E,)
     finished: list[Hypothesis]
+    # (E, L, H, S) the step's attention of those rows (S: the batch's source width this step); None when
+    # no request of the batch asked for attention.
+    attention: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +286,7 @@ class DecodeStrategy(abc.ABC):
         self.history = History(keep_attention=bool(self._wants_attention.any()))
 
     def cancel(self, index: int) -> None:
-        """Drops request `index` at the next step; it gets no hypothesis."""
+        """Drops request `index` at the next step; it gets no hypothesis and streams no more tokens."""
         self._cancelled[index] = True
 
     @abc.abstractmethod
@@ -333,7 +336,8 @@ class GreedySearch(DecodeStrategy):
         finished = self._hypotheses(req[done], done, reasons)
         keep = np.flatnonzero(~(eos | length | cancelled))
         emit = ~eos & ~cancelled
-        events = StepEvents(req[emit], tokens[emit], logprobs[emit], finished)
+        streamed = attention[emit] if self.history.keep_attention else None
+        events = StepEvents(req[emit], tokens[emit], logprobs[emit], finished, streamed)
         self._row_request, self._parents = req[keep], keep
         return Selection(keep, tokens[keep]), events
 
@@ -345,7 +349,7 @@ class BeamSearch(DecodeStrategy):
     (tokens, EOS included). A request stops once it has `beam_size` finished sequences and its best running
     beam, normalised the same way, cannot beat the worst of them (the usual heuristic), or at
     max_new_tokens, where running beams compete too. Beams finish only as a whole request, so beam
-    requests stream nothing: their tokens come with their hypothesis.
+    requests stream nothing while decoding: their tokens and attention come with their hypothesis.
     """
 
     def start(self) -> Selection:

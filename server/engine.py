@@ -1,7 +1,9 @@
 """A served model: validation, batching and decoding behind one object; and the registry of all of them.
 
 `ModelEngine.submit` validates on the caller's thread (bad input raises before anything is queued) and
-returns a future; the model's batcher thread runs the ONNX Runtime calls and resolves it.
+returns a future; the model's batcher thread runs the ONNX Runtime calls and resolves it, streaming each
+token (with its attention row) to an optional callback on the way. `ModelEngine.cancel` ends a request
+early: a queued one never runs, a running one leaves its batch after the current decode step.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ import logging
 import pathlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 
 import numpy as np
 
-from attnserve.server.attention import attention_matrix
+from attnserve.server.attention import attention_matrix, layer_mean
 from attnserve.server.batcher import Batcher, BatchingOptions, WorkItem
 from attnserve.server.decoding import Batch, Hypothesis, PreparedRequest, StepEvents, decode, make_strategy
 from attnserve.server.generation import (
@@ -23,6 +25,7 @@ from attnserve.server.generation import (
     GenerationRequest,
     GenerationResult,
     ModelInfo,
+    StreamedToken,
     Timings,
     Token,
 )
@@ -141,23 +144,37 @@ class ModelEngine:
         return layer % layers
 
     def submit(
-        self, request: GenerationRequest, on_token: Callable[[Token], None] | None = None
+        self, request: GenerationRequest, on_token: Callable[[StreamedToken], None] | None = None
     ) -> Future[GenerationResult]:
         """Validates the request, then queues it.
 
         Args:
-            on_token: called from the model's worker thread with each output token as soon as it is known
-                (greedy: every step; beam search: all at once when the request finishes). If it raises,
-                the request fails with that exception and leaves its batch.
+            on_token: called from the model's worker thread with each output token, in order, as soon as
+                it is known (greedy: every step; beam search: all at once, from the final hypothesis,
+                when the request finishes), with its attention row when the request asked for attention.
+                If it raises, the request fails with that exception and leaves its batch.
 
         Raises:
             ValueError: see prepare(); OverloadedError: the queue is full; UnavailableError: closing.
         """
         return self._batcher.submit(self.prepare(request), on_token)
 
+    def cancel(self, future: Future[GenerationResult]) -> None:
+        """Cancels a request `submit` returned `future` for; a no-op once it has finished.
+
+        A queued request is dropped (its future is cancelled). A running one stops streaming after the
+        current decode step, its future ends with CancelledError and its batch rows are freed at the next
+        step; the other requests of its batch are unaffected. Safe to call from any thread.
+        """
+        self._batcher.cancel(future)
+
     def generate(self, request: GenerationRequest, timeout: float | None = None) -> GenerationResult:
-        """Blocking submit(): waits for the result (TimeoutError after `timeout` seconds)."""
-        return self.submit(request).result(timeout)
+        """Blocking submit(): waits for the result (TimeoutError after `timeout` seconds, which cancels it)."""
+        future = self.submit(request)
+        try:
+            return future.result(timeout)
+        finally:
+            self.cancel(future)  # a no-op unless the wait timed out
 
     def queued(self) -> int:
         """Requests waiting for a batch."""
@@ -187,19 +204,27 @@ class ModelEngine:
         batch = Batch.build(self.manifest, self.runtime, [p.source_ids for p in prepared])
         clock.encoded = time.perf_counter()
         strategy = make_strategy(prepared, self.manifest.special_tokens.eos)
+
+        def leave(i: int, error: BaseException) -> tuple[int, BaseException]:
+            """Answers request i with `error`; its rows leave the batch at the next step."""
+            strategy.cancel(i)
+            answered.add(i)
+            return indices[i], error
+
         try:
-            # Step until every row is done; answer each request in the step it finishes.
+            # Step until every row is done; answer each request in the step it finishes or leaves.
             for events in decode(batch, strategy):
                 clock.first_step = clock.first_step or time.perf_counter()
                 for i, error in self._stream(items, events, streaming, streamed):
-                    strategy.cancel(i)
-                    answered.add(i)
-                    yield indices[i], error
+                    yield leave(i, error)
                 for hyp in events.finished:
-                    if hyp.index in answered:
-                        continue
-                    answered.add(hyp.index)
-                    yield indices[hyp.index], self._answer(items[hyp.index], hyp, streamed, clock, len(items))
+                    if hyp.index not in answered:
+                        answered.add(hyp.index)
+                        yield indices[hyp.index], self._answer(items[hyp.index], hyp, streamed, clock, len(items))
+                # Checked last, just before the next step, so that a cancel made while this step ran (or
+                # by a callback just now) counts at once: the strategy drops the rows at the next step.
+                for i in [i for i, item in enumerate(items) if item.cancelled and i not in answered]:
+                    yield leave(i, CancelledError("the caller cancelled the request"))
         finally:
             # Release the batch's tensors and the decode history now, not when the generator is collected.
             del batch, strategy
@@ -209,11 +234,13 @@ class ModelEngine:
     ) -> list[tuple[int, Exception]]:
         """Passes this step's tokens to the callbacks that want them; returns the callbacks that raised."""
         failed = []
-        wanted = streaming[events.requests]  # (E,) only rows with a callback cost Python work
-        requests, ids, logprobs = (a[wanted].tolist() for a in (events.requests, events.token_ids, events.logprobs))
-        for i, token_id, logprob in zip(requests, ids, logprobs):
+        for e in np.flatnonzero(streaming[events.requests]):  # only rows with a callback cost Python work
+            i, token_id = int(events.requests[e]), int(events.token_ids[e])
+            token = Token(self.tokenizer.pieces([token_id])[0], token_id, float(events.logprobs[e]))
+            step = None if events.attention is None else events.attention[e, None]  # (1, L, H, S)
+            rows = _piece_rows(items[i].payload, step)
             try:
-                items[i].emit(Token(self.tokenizer.pieces([token_id])[0], token_id, logprob))
+                items[i].emit(StreamedToken(streamed[i], token, None if rows is None else rows[0]))
                 streamed[i] += 1
             except Exception as exc:  # the caller's callback: fail this request only
                 failed.append((i, exc))
@@ -227,8 +254,7 @@ class ModelEngine:
             log.exception("request %r failed while building its result", item.payload.request.request_id)
             return exc
         try:
-            for token in result.tokens[streamed[hyp.index] :]:  # beam search streams when it finishes
-                item.emit(token)
+            _stream_rest(item, hyp, result.tokens, streamed[hyp.index])
         except Exception as exc:  # the caller's callback: fail this request only
             return exc
         return result
@@ -268,6 +294,34 @@ class ModelEngine:
             attention=attention,
             timings=timings,
         )
+
+
+def _piece_rows(prepared: PreparedRequest, weights: np.ndarray | None) -> list[list[float]] | None:
+    """Rows of the request's piece-level attention matrix; None when it asked for no attention.
+
+    Args:
+        weights: (n, L, H, S') attention of n output tokens, S' >= the request's S source pieces; None
+            when the batch kept no attention.
+
+    Returns:
+        n rows of S floats: the chosen layer, mean over heads (attention_matrix's rows at PIECES).
+    """
+    if prepared.attention_layer is None or weights is None:
+        return None
+    return layer_mean(weights[..., : len(prepared.source_ids)], prepared.attention_layer).tolist()
+
+
+def _stream_rest(item: WorkItem, hyp: Hypothesis, tokens: Sequence[Token], start: int) -> None:
+    """Streams the tokens from `start` on: beam search streams its whole output when it finishes.
+
+    Raises:
+        Whatever the item's callback raises.
+    """
+    if item.on_token is None or start == len(tokens):
+        return
+    rows = _piece_rows(item.payload, hyp.attention)
+    for index in range(start, len(tokens)):
+        item.emit(StreamedToken(index, tokens[index], None if rows is None else rows[index]))
 
 
 class EngineRegistry:

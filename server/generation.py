@@ -55,6 +55,17 @@ class Token:
 
 
 @dataclasses.dataclass(frozen=True)
+class StreamedToken:
+    """One output token as soon as it is known, before the final result."""
+
+    index: int  # position in the output, counted from 0
+    token: Token
+    # The token's row of the piece-level attention matrix: the chosen layer, mean over heads, one weight
+    # per source piece (EOS included), whatever granularity the final matrix has. None without attention.
+    attention: list[float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class AttentionMatrix:
     # weights[r][c]: attention of output row r on source column c.
     weights: list[list[float]]

@@ -2,8 +2,9 @@
 
 Handlers never block the event loop: an engine runs the model on its own worker thread and returns a
 `concurrent.futures.Future`, which handlers await through `asyncio.wrap_future`. Tokens of a stream
-cross from that thread into the loop through `loop.call_soon_threadsafe`. Handlers raise plain
-exceptions; `errors.ErrorInterceptor` turns them into status codes.
+cross from that thread into the loop through `loop.call_soon_threadsafe`. A handler that leaves before
+its request finished (client cancelled, deadline passed) cancels the request in its engine, which frees
+its batch row. Handlers raise plain exceptions; `errors.ErrorInterceptor` turns them into status codes.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ class Engine(Protocol):
     def submit(
         self,
         request: generation.GenerationRequest,
-        on_token: Callable[[generation.Token], None] | None = None,
+        on_token: Callable[[generation.StreamedToken], None] | None = None,
     ) -> concurrent.futures.Future[generation.GenerationResult]: ...
+
+    def cancel(self, future: concurrent.futures.Future[generation.GenerationResult]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -48,8 +51,8 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         with self._counted(request.model):
             engine, gen_request = self._prepare(request)
-            future = engine.submit(gen_request)
-            result = await _result(future, _deadline(context))
+            with _submitted(engine, gen_request) as future:
+                result = await _result(future, _deadline(context))
         metrics.observe_result(result)
         return convert.result_to_proto(result)
 
@@ -59,16 +62,13 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         deadline = _deadline(context)
         with self._counted(request.model):
             engine, gen_request = self._prepare(request)
-            stream = _TokenStream(asyncio.get_running_loop(), keep_attention=gen_request.attention.enabled)
-            future = engine.submit(gen_request, stream.on_token)
-            # Runs on the worker thread after its last on_token call, so the end marker queues last.
-            future.add_done_callback(stream.finish)
-            try:
+            stream = _TokenStream(asyncio.get_running_loop())
+            with _submitted(engine, gen_request, stream.on_token) as future:
+                # Runs on the worker thread after its last on_token call, so the end marker queues last.
+                future.add_done_callback(stream.finish)
                 async for event in stream.events(deadline):
                     yield convert.token_event_to_proto(event)
                 result = await _result(future, deadline)
-            finally:
-                future.cancel()  # no-op once finished; drops a queued request whose caller left
         metrics.observe_result(result)
         yield convert.final_to_proto(result)
 
@@ -126,22 +126,37 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
             metrics.count_request(model if model in self._engines else "", code.name)
 
 
+@contextlib.contextmanager
+def _submitted(
+    engine: Engine,
+    request: generation.GenerationRequest,
+    on_token: Callable[[generation.StreamedToken], None] | None = None,
+) -> Iterator[concurrent.futures.Future[generation.GenerationResult]]:
+    """Submits `request` to `engine` and cancels it when the block is left.
+
+    Cancelling a finished request does nothing; a handler that leaves early (the client cancelled, the
+    deadline passed, the stream was closed) drops its queued request or frees its running request's batch
+    row at the next decode step.
+    """
+    future = engine.submit(request, on_token)
+    try:
+        yield future
+    finally:
+        engine.cancel(future)
+
+
 class _TokenStream:
     """Carries `on_token` calls from an engine's worker thread into the event loop, in order."""
 
     _END = object()
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, keep_attention: bool):
+    def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
-        self._keep_attention = keep_attention
         self._queue: asyncio.Queue = asyncio.Queue()
-        self._count = 0  # touched only by the worker thread, which calls on_token sequentially
 
-    def on_token(self, token: generation.Token, attention: object = None) -> None:
-        """Engine callback (worker thread); `attention` is the token's row when the engine reports it."""
-        row = [float(w) for w in attention] if self._keep_attention and attention is not None else []
-        self._put(convert.StreamedToken(self._count, token, row))
-        self._count += 1
+    def on_token(self, event: generation.StreamedToken) -> None:
+        """Engine callback (worker thread)."""
+        self._put(event)
 
     def finish(self, _future: concurrent.futures.Future) -> None:
         """Future done-callback: marks the end of the stream."""
@@ -153,7 +168,7 @@ class _TokenStream:
         except RuntimeError:
             pass  # the loop is closed: the server is gone and nobody reads this stream; the worker goes on
 
-    async def events(self, deadline: float | None) -> AsyncIterator[convert.StreamedToken]:
+    async def events(self, deadline: float | None) -> AsyncIterator[generation.StreamedToken]:
         """Yields the tokens until the engine finishes.
 
         Raises:
@@ -176,10 +191,7 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
 async def _result(
     future: concurrent.futures.Future[generation.GenerationResult], deadline: float | None
 ) -> generation.GenerationResult:
-    """Awaits the engine's future without blocking the loop.
-
-    Cancelling the awaiting task (client cancelled) or passing the deadline cancels the engine's future
-    too, which drops the request if it is still queued.
+    """Awaits the engine's future without blocking the loop (the caller cancels the request if it leaves).
 
     Raises:
         TimeoutError: the deadline passed first.

@@ -73,3 +73,36 @@ def tiny_model_repo(tmp_path_factory, tiny_torch_model, tiny_tokenizer) -> pathl
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny_model_repo) -> pathlib.Path:
     return tiny_model_repo / TINY_MODEL_NAME / "1"
+
+
+# ---- in-process servers, shared by the service, client and CLI tests ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def fake_server():
+    """(BackgroundServer, FakeEngine): one fake model, "fake-translate", served in process per test module."""
+    from fakes import FakeEngine
+
+    from attnserve.server import app
+
+    engine = FakeEngine()
+    with app.BackgroundServer({engine.info.name: engine}) as background:
+        yield background, engine
+
+
+@pytest.fixture
+def fake_engine(fake_server):
+    """The fake_server's engine, with the settings a test changed put back afterwards."""
+    _, engine = fake_server
+    yield engine
+    engine.reset()
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_repo):
+    """(BackgroundServer, engines by name): the tiny model served in process, as `attnserve serve` would."""
+    from attnserve.server import app
+
+    engines = app.load_engines(app.ServeOptions(models=str(tiny_model_repo)))
+    with app.BackgroundServer(engines) as background:
+        yield background, engines

@@ -1,4 +1,5 @@
-"""The dynamic batcher with a fake processor: grouping, queue bound, failure isolation, streaming, close."""
+"""The dynamic batcher with a fake processor: grouping, queue bound, failure isolation, streaming,
+cancellation, close."""
 
 from __future__ import annotations
 
@@ -166,12 +167,65 @@ def test_cancelled_requests_are_skipped():
     recorder = Recorder()
     batcher = blocked(recorder)
     dropped, kept = batcher.submit("gone"), batcher.submit("kept")
-    assert dropped.cancel()
+    batcher.cancel(dropped)
+    assert dropped.cancelled()
     recorder.release.set()
     assert kept.result(WAIT) == "keptkept"
     with pytest.raises(CancelledError):
         dropped.result(WAIT)
     assert recorder.groups[1] == ["kept"]
+    batcher.close()
+
+
+def held_pair(process) -> tuple[Batcher, threading.Event, threading.Event]:
+    """A batcher whose first batch, of two items, waits for `release` and then runs `process(items)`."""
+    started, release = threading.Event(), threading.Event()
+
+    def run(items):
+        started.set()
+        assert release.wait(WAIT)
+        yield from process(items)
+
+    return Batcher(run, BatchingOptions(max_batch_size=2, window_seconds=60), name="test"), started, release
+
+
+def test_a_running_request_is_cancelled_through_its_mark():
+    def process(items):  # a processor that checks the mark between steps, as the engine does
+        for index, item in enumerate(items):
+            yield index, CancelledError() if item.cancelled else item.payload
+
+    batcher, started, release = held_pair(process)
+    gone, kept = batcher.submit("gone"), batcher.submit("kept")
+    assert started.wait(WAIT)
+    batcher.cancel(gone)
+    assert not gone.done()  # running: only the processor can end it
+    release.set()
+    with pytest.raises(CancelledError):
+        gone.result(WAIT)
+    assert kept.result(WAIT) == "kept"
+    batcher.cancel(kept)  # answered: a no-op
+    assert kept.result(WAIT) == "kept"
+    batcher.close()
+
+
+def test_a_request_cancelled_in_a_failed_batch_is_not_retried():
+    groups = []
+
+    def process(items):
+        groups.append([item.payload for item in items])
+        raise RuntimeError("bad batch")
+        yield
+
+    batcher, started, release = held_pair(process)
+    gone, bad = batcher.submit("gone"), batcher.submit("bad")
+    assert started.wait(WAIT)
+    batcher.cancel(gone)
+    release.set()
+    with pytest.raises(RuntimeError, match="bad batch"):
+        bad.result(WAIT)
+    with pytest.raises(CancelledError):
+        gone.result(WAIT)
+    assert groups == [["gone", "bad"], ["bad"]]
     batcher.close()
 
 

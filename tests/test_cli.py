@@ -15,17 +15,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.clients import cli
 from attnserve.clients.client import Client
-from attnserve.server import app
-from test_service import WAIT, FakeEngine  # tests/ is on sys.path (no __init__.py)
+from fakes import WAIT
 
-MODEL = "fake-translate"
+MODEL = "fake-translate"  # the fake_server's model
 
 
-@pytest.fixture(scope="module")
-def address():
-    engine = FakeEngine(MODEL)
-    with app.BackgroundServer({MODEL: engine}) as background:
-        yield background.address
+@pytest.fixture
+def address(fake_server):
+    background, _ = fake_server
+    return background.address
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -6,50 +6,36 @@ import asyncio
 import dataclasses
 
 import grpc
+import numpy as np
 import pytest
 
 from attnserve.clients.client import AsyncClient, AttnServeError, Client, translation_request
-from attnserve.server import app, convert, generation
-from attnserve.server.convert import StreamedToken
-from attnserve.server.generation import AttentionGranularity, AttentionMatrix, GenerationResult
+from attnserve.server import convert, generation
+from attnserve.server.generation import AttentionGranularity, AttentionMatrix, GenerationResult, StreamedToken
 from attnserve.v1 import attnserve_pb2 as pb
-from test_service import WAIT, FakeEngine  # tests/ is on sys.path (no __init__.py)
+from fakes import WAIT, FakeEngine
 
-MODEL = "fake-translate"
-
-
-@pytest.fixture(scope="module")
-def server():
-    engine = FakeEngine(MODEL)
-    with app.BackgroundServer({MODEL: engine}) as background:
-        yield background, engine
+MODEL = "fake-translate"  # the fake_server's model
 
 
 @pytest.fixture
-def client(server):
-    background, _ = server
+def client(fake_server):
+    background, _ = fake_server
     with Client(background.address, timeout=WAIT) as client:
         yield client
 
 
-@pytest.fixture
-def engine(server):
-    _, engine = server
-    yield engine
-    engine.gate.set()
-
-
-def test_translate_returns_the_engine_result(client, engine):
+def test_translate_returns_the_engine_result(client, fake_engine):
     result = client.translate("我愛你", to="zh-TW", attention=True, granularity="pieces", model=MODEL)
     request = translation_request("我愛你", "zh-TW", True, "pieces", model=MODEL)
-    assert engine.requests[-1] == request
-    assert result == engine.generate(request)
+    assert fake_engine.requests[-1] == request
+    assert result == fake_engine.generate(request)
     assert result.attention.col_labels == ["我", "愛", "你", "</s>"]
 
 
-def test_translate_sends_every_option(client, engine):
+def test_translate_sends_every_option(client, fake_engine):
     client.translate("abc", to="en", attention=True, granularity="words", layer=-2, max_new_tokens=2, model=MODEL)
-    assert engine.requests[-1] == generation.GenerationRequest(
+    assert fake_engine.requests[-1] == generation.GenerationRequest(
         model=MODEL,
         text="abc",
         target_language="en",
@@ -67,8 +53,15 @@ def test_stream_yields_tokens_then_the_result(client):
     *tokens, result = list(client.stream(request))
     assert isinstance(result, GenerationResult) and result == client.generate(request)
     assert all(isinstance(t, StreamedToken) for t in tokens)
+    assert [t.index for t in tokens] == [0, 1, 2, 3]
     assert [t.token for t in tokens] == result.tokens
     assert [t.attention for t in tokens] == result.attention.weights
+
+
+def test_stream_without_attention_has_no_rows(client):
+    *tokens, result = list(client.stream(translation_request("abcd", model=MODEL)))
+    assert len(tokens) == 4 and all(t.attention is None for t in tokens)
+    assert result.attention is None
 
 
 def test_source_language_is_checked(client):
@@ -80,9 +73,9 @@ def test_source_language_is_checked(client):
     assert "unknown source language 'xx'" in raised.value.details
 
 
-def test_models(client, engine):
-    assert client.list_models() == [engine.info]
-    assert client.get_model(MODEL) == engine.info
+def test_models(client, fake_engine):
+    assert client.list_models() == [fake_engine.info]
+    assert client.get_model(MODEL) == fake_engine.info
 
 
 def test_errors_carry_code_and_details(client):
@@ -100,9 +93,9 @@ def test_stream_errors_are_attnserve_errors(client):
     assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_timeout_is_deadline_exceeded(server, engine):
-    background, _ = server
-    engine.gate.clear()
+def test_timeout_is_deadline_exceeded(fake_server, fake_engine):
+    background, _ = fake_server
+    fake_engine.gate.clear()
     with Client(background.address, timeout=0.2) as client, pytest.raises(AttnServeError) as raised:
         client.translate("abc", model=MODEL)
     assert raised.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -114,8 +107,8 @@ def test_unreachable_server_is_unavailable():
     assert raised.value.code == grpc.StatusCode.UNAVAILABLE
 
 
-def test_async_client(server, engine):
-    background, _ = server
+def test_async_client(fake_server, fake_engine):
+    background, _ = fake_server
 
     async def scenario():
         async with AsyncClient(background.address, timeout=WAIT) as client:
@@ -128,9 +121,9 @@ def test_async_client(server, engine):
         return result, streamed, models, info, raised.value
 
     result, streamed, models, info, error = asyncio.run(scenario())
-    assert result == engine.generate(translation_request("abc", attention=True, model=MODEL))
+    assert result == fake_engine.generate(translation_request("abc", attention=True, model=MODEL))
     assert [e.token for e in streamed[:-1]] == streamed[-1].tokens
-    assert models == [info] == [engine.info]
+    assert models == [info] == [fake_engine.info]
     assert error.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -194,21 +187,38 @@ def test_unknown_granularity_is_a_value_error():
         translation_request("abc", granularity="letters")
 
 
-def test_streamed_token_round_trips():
-    event = StreamedToken(3, generation.Token("▁a", 7, -0.5), [0.5, 0.25])
+@pytest.mark.parametrize("attention", [[0.5, 0.25], None])
+def test_streamed_token_round_trips(attention):
+    event = StreamedToken(3, generation.Token("▁a", 7, -0.5), attention)
     assert convert.stream_event_from_proto(convert.token_event_to_proto(event)) == event
 
 
 # ---- the real engine -----------------------------------------------------------------------------------
 
 
-def test_real_translate_is_the_offline_result_as_it_travels(tiny_model_repo):
-    engines = app.load_engines(app.ServeOptions(models=str(tiny_model_repo)))
+@pytest.fixture
+def tiny_client(tiny_server):
+    background, engines = tiny_server
+    with Client(background.address, timeout=WAIT) as client:
+        yield client, engines["tiny-translate"]
+
+
+def test_real_translate_is_the_offline_result_as_it_travels(tiny_client):
+    client, engine = tiny_client
     request = translation_request("知識就是力量。", "en", attention=True, model="tiny-translate")
-    with app.BackgroundServer(engines) as background, Client(background.address, timeout=WAIT) as client:
-        served = client.translate("知識就是力量。", "en", attention=True, model="tiny-translate")
-        offline = engines["tiny-translate"].generate(request)
+    served = client.translate("知識就是力量。", "en", attention=True, model="tiny-translate")
+    offline = engine.generate(request)
     # Attention weights travel as float32; everything else arrives exactly.
     expected = convert.result_from_proto(convert.result_to_proto(offline))
     assert dataclasses.replace(served, timings=None) == dataclasses.replace(expected, timings=None)
     assert served.attention.col_labels[-1] == "</s>"
+
+
+def test_real_stream_is_the_unary_result_with_its_rows(tiny_client):
+    client, _ = tiny_client
+    request = translation_request("知識就是力量。", attention=True, granularity="pieces", model="tiny-translate")
+    *tokens, result = list(client.stream(request))
+    unary = client.generate(request)
+    assert dataclasses.replace(result, timings=None) == dataclasses.replace(unary, timings=None)
+    assert tokens and [t.token for t in tokens] == unary.tokens
+    np.testing.assert_allclose([t.attention for t in tokens], unary.attention.weights, atol=1e-6)

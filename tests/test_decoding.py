@@ -192,6 +192,28 @@ def test_cancelled_request_leaves_without_disturbing_the_others(model, eos):
     assert [done[i].token_ids.tolist() for i in (0, 1, 3)] == [alone[i].token_ids.tolist() for i in range(3)]
 
 
+def test_streamed_step_attention_is_the_hypothesis_attention(model, eos):
+    manifest, runtime, _ = model
+    requests = [prepare(model, i, attention_layer=None if i == 1 else 1) for i in range(4)]
+    streamed = {i: [] for i in range(4)}  # per request, each streamed token's (L, H, S) attention
+    done = {}
+    batch = Batch.build(manifest, runtime, [r.source_ids for r in requests])
+    for events in decode(batch, GreedySearch(requests, eos)):
+        for e, i in enumerate(events.requests.tolist()):
+            streamed[i].append(events.attention[e, ..., : len(requests[i].source_ids)])
+        done.update({h.index: h for h in events.finished})
+    assert done[1].attention is None
+    for i in (0, 2, 3):
+        np.testing.assert_array_equal(np.stack(streamed[i]), done[i].attention)
+
+
+def test_steps_carry_no_attention_when_no_request_wants_it(model, eos):
+    manifest, runtime, _ = model
+    requests = [prepare(model, i, attention_layer=None) for i in range(2)]
+    batch = Batch.build(manifest, runtime, [r.source_ids for r in requests])
+    assert all(events.attention is None for events in decode(batch, GreedySearch(requests, eos)))
+
+
 def test_beam_search_of_width_one_is_greedy(model, eos):
     requests = [prepare(model, i) for i in range(len(TEXTS))]
     greedy, _ = run(model, requests, eos)

@@ -1,9 +1,12 @@
-"""ModelEngine end to end on the tiny model: validation, results, batching, streaming, failure isolation."""
+"""ModelEngine end to end on the tiny model: validation, results, batching, streaming, cancellation,
+failure isolation."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import threading
+from concurrent.futures import CancelledError
 
 import numpy as np
 import pytest
@@ -20,6 +23,7 @@ from attnserve.server.generation import (
 )
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
+from fakes import recording_engine
 
 MODEL = "tiny-translate"
 WAIT = 60  # seconds; only a bound against hanging, never asserted on
@@ -145,7 +149,9 @@ def test_concurrent_requests_share_a_batch_and_match_alone(engine, batch_of_8):
         assert alone.timings.batch_size == 1
         assert [t.id for t in result.tokens] == [t.id for t in alone.tokens]
         np.testing.assert_allclose(result.attention.weights, alone.attention.weights, atol=1e-5)
-        assert streams[i] == result.tokens  # streamed == unary
+        # streamed == unary: the tokens, and each token's row of the piece matrix
+        assert [event.token for event in streams[i]] == result.tokens
+        np.testing.assert_allclose([event.attention for event in streams[i]], result.attention.weights, atol=1e-6)
 
 
 def test_a_failing_request_does_not_fail_its_batch(engine, batch_of_8, monkeypatch):
@@ -182,10 +188,70 @@ def test_beam_search_requests(engine):
     streamed = []
     beam = engine.submit(request(5, attention=WORDS, beam_size=3), on_token=streamed.append).result(WAIT)
     greedy = engine.generate(request(5, attention=WORDS), WAIT)
-    assert streamed == beam.tokens  # beams stream all tokens when they finish
+    assert [event.token for event in streamed] == beam.tokens  # beams stream all tokens when they finish
     assert [t.id for t in beam.tokens] != [t.id for t in greedy.tokens], "the test needs beams to differ"
     assert len(beam.attention.row_labels) == len(engine.tokenizer.words([t.id for t in beam.tokens]).labels)
     np.testing.assert_allclose(np.sum(beam.attention.weights, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize("attention", [PIECES, WORDS])
+def test_streamed_tokens_carry_their_row_of_the_piece_matrix(engine, attention, beam_size):
+    streamed = []
+    result = engine.submit(request(5, attention=attention, beam_size=beam_size), streamed.append).result(WAIT)
+    as_pieces = dataclasses.replace(attention, granularity=AttentionGranularity.PIECES)
+    pieces = engine.generate(request(5, attention=as_pieces, beam_size=beam_size), WAIT).attention
+    assert [event.index for event in streamed] == list(range(len(result.tokens))) and streamed
+    assert [event.token for event in streamed] == result.tokens
+    np.testing.assert_allclose([event.attention for event in streamed], pieces.weights, atol=1e-6)
+    assert all(len(event.attention) == len(pieces.col_labels) for event in streamed)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_streamed_tokens_carry_no_row_without_attention(engine, beam_size):
+    streamed = []
+    result = engine.submit(request(5, attention=AttentionOptions(), beam_size=beam_size), streamed.append).result(WAIT)
+    assert [event.token for event in streamed] == result.tokens and streamed
+    assert all(event.attention is None for event in streamed)
+
+
+def test_a_cancelled_request_leaves_its_batch_and_its_neighbours_go_on(tiny_model_repo, engine):
+    recording, runtime = recording_engine(tiny_model_repo, MODEL, BatchingOptions(3, 60.0))
+    long, neighbours = request(2, max_new_tokens=40), [request(1), request(7)]
+    lengths = [len(engine.prepare(r).source_ids) for r in (long, *neighbours)]
+    assert len(set(lengths)) == 3, "the test tells the rows apart by source length"
+    futures, streamed = {}, []
+
+    def cancel_after_first(event):
+        streamed.append(event)
+        recording.cancel(futures["long"])
+
+    try:
+        # The batch starts once all three are in, so the callback always finds the future.
+        futures["long"] = recording.submit(long, on_token=cancel_after_first)
+        results = [f.result(WAIT) for f in [recording.submit(r) for r in neighbours]]
+        with pytest.raises(CancelledError):
+            futures["long"].result(WAIT)
+    finally:
+        recording.close()  # waits for the batch to end: the cancelled future is answered before it does
+    assert len(streamed) == 1
+    # Cancelled by its first step's callback, it ran that step and the next, in which its row was dropped.
+    assert runtime.calls_with(lengths[0]) == 2 and len(runtime.steps) > 2
+    for r, result in zip(neighbours, results):
+        alone = engine.generate(r, WAIT)
+        assert result.timings.batch_size == 3
+        assert [t.id for t in result.tokens] == [t.id for t in alone.tokens]
+        np.testing.assert_allclose(result.attention.weights, alone.attention.weights, atol=1e-5)
+
+
+def test_cancelling_a_queued_or_finished_request(engine, batch_of_8):
+    queued = batch_of_8.submit(request(3))  # waits for 7 more
+    batch_of_8.cancel(queued)
+    assert queued.cancelled()
+    done = engine.submit(request(3, max_new_tokens=2))
+    result = done.result(WAIT)
+    engine.cancel(done)  # a no-op
+    assert done.result(WAIT) is result
 
 
 def test_mixed_beam_sizes_in_one_batch(engine, batch_of_8):

@@ -1,8 +1,8 @@
-"""The gRPC edge: servicer, error mapping, health, reflection, metrics and shutdown.
+"""The gRPC edge: servicer, error mapping, cancellation, health, reflection, metrics and shutdown.
 
-Most tests serve a `FakeEngine` (a deterministic stand-in that reverses its input) in process; the
-`real_server` tests serve the tiny random-weight model of the `tiny_model_repo` fixture and compare the
-served result with the engine's own.
+Most tests serve a `FakeEngine` (a deterministic stand-in that reverses its input, tests/fakes.py) in
+process; the `real_server` tests serve the tiny random-weight model of the `tiny_model_repo` fixture and
+compare the served result with the engine's own.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ import os
 import signal
 import threading
 import time
+import types
 
 import grpc
+import numpy as np
 import pytest
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -23,96 +25,17 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from prometheus_client import REGISTRY
 
 from attnserve.server import app, convert, generation
-from attnserve.server.generation import GenerationResult, ModelInfo, Token
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
-
-WAIT = 30  # seconds; only guards against hangs, never measures anything
-
-
-class FakeEngine:
-    """Stand-in for `engine.ModelEngine`: "translates" by reversing characters, one worker thread.
-
-    Attributes a test may set: `gate` (clear it to hold the worker), `fail` (raised by the worker),
-    `drop` (submit returns an already-cancelled future, as an engine that is closing would).
-    """
-
-    def __init__(self, name: str = "fake-translate"):
-        languages = ["en", "zh-TW"]
-        self.info = ModelInfo(name, 3, "translation", "reverses its input", languages, languages, 32, 8, 2, 4)
-        self.gate = threading.Event()
-        self.gate.set()
-        self.fail: Exception | None = None
-        self.drop = False
-        self.closed = False
-        self.requests: list[generation.GenerationRequest] = []
-        self.futures: list[concurrent.futures.Future] = []
-        self._worker = concurrent.futures.ThreadPoolExecutor(1)
-
-    def submit(self, request, on_token=None):
-        if request.target_language not in ("", *self.info.target_languages):
-            raise ValueError(f"unknown target language {request.target_language!r}")
-        self.requests.append(request)
-        if self.drop:
-            future = concurrent.futures.Future()
-            future.cancel()
-            return future
-        future = self._worker.submit(self._generate, request, on_token)
-        self.futures.append(future)
-        return future
-
-    def generate(self, request) -> GenerationResult:
-        """The offline result: what `submit` computes, without a server."""
-        return self._generate(request, None)
-
-    def close(self):
-        self.closed = True
-        self._worker.shutdown(wait=True)
-
-    def _generate(self, request, on_token) -> GenerationResult:
-        self.gate.wait()
-        if self.fail is not None:
-            raise self.fail
-        source = [Token(ch, ord(ch), 0.0) for ch in request.text] + [Token("</s>", 2, 0.0)]
-        limit = request.decoding.max_new_tokens or self.info.max_new_tokens
-        output = request.text[::-1][:limit]
-        tokens = [Token(ch, ord(ch), -0.25 * (i + 1)) for i, ch in enumerate(output)]
-        # Output token i copies source character n-1-i: a reversed diagonal.
-        n = len(request.text)
-        weights = [[1.0 if c == n - 1 - r else 0.0 for c in range(len(source))] for r in range(len(tokens))]
-        for token, row in zip(tokens, weights):
-            if on_token is not None:
-                on_token(token, row)
-        attention = generation.AttentionMatrix(
-            weights, [t.piece for t in tokens], [t.piece for t in source], 1, "layer 1 of 2, fake"
-        )
-        return GenerationResult(
-            model=self.info.name,
-            text=output,
-            target_language=request.target_language or "en",
-            tokens=tokens,
-            source_tokens=source,
-            finish_reason=generation.FinishReason.LENGTH if len(output) < n else generation.FinishReason.EOS,
-            attention=attention if request.attention.enabled else None,
-            timings=generation.Timings(0.001, 0.002, 0.003, 0.004, 0.01, 1),
-        )
-
-
-@pytest.fixture(scope="module")
-def fake_server():
-    engine = FakeEngine()
-    with app.BackgroundServer({engine.info.name: engine}) as background:
-        yield background, engine
+from fakes import WAIT, FakeEngine, recording_engine
 
 
 @pytest.fixture
-def served(fake_server):
-    """(stub, channel, engine) with the fake engine reset after the test."""
-    background, engine = fake_server
+def served(fake_server, fake_engine):
+    """(stub, channel, engine) on the module's fake server; the engine is reset after the test."""
+    background, _ = fake_server
     with grpc.insecure_channel(background.address) as channel:
-        yield pb_grpc.AttnServeStub(channel), channel, engine
-    engine.gate.set()
-    engine.fail, engine.drop = None, False
+        yield pb_grpc.AttnServeStub(channel), channel, fake_engine
 
 
 def text_request(text="hello", **fields) -> pb.GenerateRequest:
@@ -324,6 +247,38 @@ def test_deadline_drops_the_queued_request(served):
     running.result(timeout=WAIT)
 
 
+def _leave_early(stub, rpc: str, how: str, request: pb.GenerateRequest, running: threading.Event):
+    """Sends `request`, then leaves it while it runs: cancels once `running` is set, or lets a short
+    deadline pass.
+
+    Returns:
+        The client's view of the call: an object with code() and details().
+    """
+    if how == "deadline":
+        return status_of(getattr(stub, rpc), request, timeout=0.5)
+    if rpc == "Generate":
+        call = stub.Generate.future(request, timeout=WAIT)
+    else:
+        call = stub.GenerateStream(request, timeout=WAIT)
+    assert running.wait(WAIT)
+    call.cancel()
+    return call
+
+
+LEFT_WITH = {"cancel": grpc.StatusCode.CANCELLED, "deadline": grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+@pytest.mark.parametrize("how", ["cancel", "deadline"])
+@pytest.mark.parametrize("rpc", ["Generate", "GenerateStream"])
+def test_leaving_cancels_the_running_request_in_the_engine(served, rpc, how):
+    stub, _, engine = served
+    engine.pause_after_first = True  # the request runs until the engine is told to cancel it
+    left = _leave_early(stub, rpc, how, text_request("abcdef"), engine.paused)
+    assert left.code() == LEFT_WITH[how]
+    with pytest.raises(concurrent.futures.CancelledError):
+        engine.futures[-1].result(WAIT)
+
+
 # ---- health, reflection, metrics -----------------------------------------------------------------------
 
 
@@ -390,17 +345,42 @@ def test_sigterm_sets_not_serving_then_stops_and_closes_engines():
 
 # ---- the real engine -----------------------------------------------------------------------------------
 
+TINY = "tiny-translate"
+
 
 @pytest.fixture(scope="module")
-def real_server(request):
-    pytest.importorskip("attnserve.server.engine")
-    try:
-        repo = request.getfixturevalue("tiny_model_repo")
-    except pytest.FixtureLookupError:
-        pytest.skip("tests/conftest.py does not provide tiny_model_repo yet")
-    engines = app.load_engines(app.ServeOptions(models=str(repo)))
-    with app.BackgroundServer(engines) as background, grpc.insecure_channel(background.address) as channel:
+def real_server(tiny_server):
+    """(stub, engines) of the session's in-process server on the tiny model."""
+    background, engines = tiny_server
+    with grpc.insecure_channel(background.address) as channel:
         yield pb_grpc.AttnServeStub(channel), engines
+
+
+@pytest.fixture
+def held_server(tiny_model_repo):
+    """A server on the tiny model whose second decoder call waits until the servicer cancels a request.
+
+    Yields:
+        stub, engine, runtime (its RecordingRuntime) and submitted (the engine's futures, in order).
+    """
+    engine, runtime = recording_engine(tiny_model_repo, TINY)
+    released, submitted = threading.Event(), []
+    submit, cancel = engine.submit, engine.cancel
+
+    def submit_and_keep(*args):
+        submitted.append(submit(*args))
+        return submitted[-1]
+
+    def cancel_and_release(future):
+        cancel(future)
+        released.set()
+
+    engine.submit, engine.cancel = submit_and_keep, cancel_and_release
+    runtime.hold[1] = released
+    with app.BackgroundServer({TINY: engine}) as background, grpc.insecure_channel(background.address) as channel:
+        yield types.SimpleNamespace(
+            stub=pb_grpc.AttnServeStub(channel), engine=engine, runtime=runtime, submitted=submitted
+        )
 
 
 def _without_timings(response: pb.GenerateResponse) -> pb.GenerateResponse:
@@ -409,28 +389,59 @@ def _without_timings(response: pb.GenerateResponse) -> pb.GenerateResponse:
     return response
 
 
-def _tiny_request(real_server, **fields) -> pb.GenerateRequest:
-    _, engines = real_server
-    fields.setdefault("model", "tiny-translate" if "tiny-translate" in engines else sorted(engines)[0])
+def _tiny_request(**fields) -> pb.GenerateRequest:
+    fields.setdefault("model", TINY)
     fields.setdefault("text", pb.TextInput(text="hello world"))
     return pb.GenerateRequest(**fields)
 
 
+def _rows(matrix: pb.AttentionMatrix) -> np.ndarray:
+    return np.reshape(matrix.weights, (matrix.rows, matrix.cols))
+
+
 def test_real_served_equals_offline(real_server):
     stub, engines = real_server
-    request = _tiny_request(real_server, target_language="en", attention=with_attention())
+    request = _tiny_request(target_language="en", attention=with_attention())
     served_ = stub.Generate(request, timeout=WAIT)
     offline = engines[request.model].submit(convert.request_from_proto(request)).result(timeout=WAIT)
     assert _without_timings(served_) == _without_timings(convert.result_to_proto(offline))
 
 
-def test_real_stream_equals_unary(real_server):
+@pytest.mark.parametrize("granularity", [pb.ATTENTION_GRANULARITY_PIECES, pb.ATTENTION_GRANULARITY_WORDS])
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_real_stream_equals_unary(real_server, beam_size, granularity):
     stub, _ = real_server
-    request = _tiny_request(real_server, attention=with_attention(granularity=pb.ATTENTION_GRANULARITY_WORDS))
+    decoding = pb.DecodingOptions(beam_size=beam_size)
+    request = _tiny_request(decoding=decoding, attention=with_attention(layer=0, granularity=granularity))
     unary = stub.Generate(request, timeout=WAIT)
     *events, final = list(stub.GenerateStream(request, timeout=WAIT))
     assert _without_timings(final.response) == _without_timings(unary)
-    assert [e.token.token for e in events] == list(final.response.tokens)
+    assert [e.token.index for e in events] == list(range(len(unary.tokens))) and events
+    assert [e.token.token for e in events] == list(unary.tokens)
+    # At either granularity a token streams its row of the piece-level matrix.
+    request.attention.granularity = pb.ATTENTION_GRANULARITY_PIECES
+    pieces = stub.Generate(request, timeout=WAIT).attention
+    np.testing.assert_allclose([e.token.attention for e in events], _rows(pieces), atol=1e-6)
+
+
+def test_real_stream_has_no_rows_without_attention(real_server):
+    stub, _ = real_server
+    *events, final = list(stub.GenerateStream(_tiny_request(), timeout=WAIT))
+    assert events and all(len(e.token.attention) == 0 for e in events)
+    assert not final.response.HasField("attention")
+
+
+@pytest.mark.parametrize("rpc, how", [("GenerateStream", "cancel"), ("Generate", "deadline")])
+def test_real_request_left_early_stops_decoding(held_server, rpc, how):
+    server = held_server
+    left = _leave_early(server.stub, rpc, how, _tiny_request(), server.runtime.holding)
+    assert left.code() == LEFT_WITH[how]
+    with pytest.raises(concurrent.futures.CancelledError):
+        server.submitted[0].result(WAIT)
+    server.engine.close()  # waits for the batch to end: the future is answered before its last step
+    # Of the model's 40 steps: the first, the held second (the cancel arrives while it waits, and is seen
+    # when it ends), and a third in which the strategy drops the row.
+    assert len(server.runtime.steps) == 3
 
 
 @pytest.mark.parametrize(
@@ -447,7 +458,6 @@ def test_real_stream_equals_unary(real_server):
 )
 def test_real_bad_inputs_are_invalid_argument(real_server, fields, message):
     stub, _ = real_server
-    request = _tiny_request(real_server, **fields)
-    error = status_of(stub.Generate, request, timeout=WAIT)
+    error = status_of(stub.Generate, _tiny_request(**fields), timeout=WAIT)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in error.details()

@@ -1,0 +1,166 @@
+"""Test doubles shared by several test files: a fake engine and a runtime wrapper that records decode steps.
+
+Fixtures that serve them live in conftest.py; test files import the classes from here (tests/ is on
+sys.path, as it has no __init__.py).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import pathlib
+import threading
+
+from attnserve.server import generation
+from attnserve.server.generation import GenerationResult, ModelInfo, StreamedToken, Token
+
+WAIT = 30  # seconds; only guards against hangs, never measures anything
+
+
+class FakeEngine:
+    """Stand-in for `engine.ModelEngine`: "translates" by reversing characters, on one worker thread.
+
+    Output token i attends only to source character n-1-i (a reversed diagonal), so every attention row is
+    known in advance. Attributes a test may set (`reset` restores them):
+        gate: clear it to hold the worker before it starts a request.
+        fail: an exception the worker raises instead of answering.
+        drop: submit returns an already-cancelled future, as an engine that is closing would.
+        pause_after_first: the worker waits after a request's first token until the request is
+            cancelled, as a long decode would, then ends it with CancelledError; `paused` is set
+            while it waits.
+    """
+
+    def __init__(self, name: str = "fake-translate"):
+        languages = ["en", "zh-TW"]
+        self.info = ModelInfo(name, 3, "translation", "reverses its input", languages, languages, 32, 8, 2, 4)
+        self.gate = threading.Event()
+        self.reset()
+        self.closed = False
+        self.requests: list[generation.GenerationRequest] = []
+        self.futures: list[concurrent.futures.Future] = []  # of the requests the worker got
+        self._stops: dict[concurrent.futures.Future, threading.Event] = {}  # set by cancel() while running
+        self._worker = concurrent.futures.ThreadPoolExecutor(1)
+
+    def reset(self) -> None:
+        self.gate.set()
+        self.fail = None
+        self.drop = False
+        self.pause_after_first = False
+        self.paused = threading.Event()
+
+    def submit(self, request, on_token=None) -> concurrent.futures.Future:
+        if request.target_language not in ("", *self.info.target_languages):
+            raise ValueError(f"unknown target language {request.target_language!r}")
+        self.requests.append(request)
+        future = concurrent.futures.Future()
+        if self.drop:
+            future.cancel()
+            return future
+        self._stops[future] = threading.Event()
+        self.futures.append(future)
+        self._worker.submit(self._run, future, request, on_token)
+        return future
+
+    def cancel(self, future: concurrent.futures.Future) -> None:
+        """As ModelEngine.cancel: a queued request is dropped, a running one ends after its current token."""
+        if not future.cancel() and future in self._stops:
+            self._stops[future].set()
+
+    def generate(self, request) -> GenerationResult:
+        """The offline result: what `submit` computes, without a server."""
+        return self._generate(request, None, threading.Event())
+
+    def close(self) -> None:
+        self.closed = True
+        self._worker.shutdown(wait=True)
+
+    def _run(self, future: concurrent.futures.Future, request, on_token) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(self._generate(request, on_token, self._stops[future]))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    def _generate(self, request, on_token, stop: threading.Event) -> GenerationResult:
+        self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        source = [Token(ch, ord(ch), 0.0) for ch in request.text] + [Token("</s>", 2, 0.0)]
+        limit = request.decoding.max_new_tokens or self.info.max_new_tokens
+        output = request.text[::-1][:limit]
+        tokens = [Token(ch, ord(ch), -0.25 * (i + 1)) for i, ch in enumerate(output)]
+        n = len(request.text)
+        weights = [[1.0 if c == n - 1 - r else 0.0 for c in range(len(source))] for r in range(len(tokens))]
+        for index, (token, row) in enumerate(zip(tokens, weights)):
+            if on_token is not None:
+                on_token(StreamedToken(index, token, row if request.attention.enabled else None))
+            if index == 0 and self.pause_after_first:
+                self.paused.set()
+                assert stop.wait(WAIT), "the paused request was never cancelled"
+            if stop.is_set():
+                raise concurrent.futures.CancelledError("the caller cancelled the request")
+        attention = generation.AttentionMatrix(
+            weights, [t.piece for t in tokens], [t.piece for t in source], 1, "layer 1 of 2, fake"
+        )
+        return GenerationResult(
+            model=self.info.name,
+            text=output,
+            target_language=request.target_language or "en",
+            tokens=tokens,
+            source_tokens=source,
+            finish_reason=generation.FinishReason.LENGTH if len(output) < n else generation.FinishReason.EOS,
+            attention=attention if request.attention.enabled else None,
+            timings=generation.Timings(0.001, 0.002, 0.003, 0.004, 0.01, 1),
+        )
+
+
+class RecordingRuntime:
+    """Wraps a `runtime.Runtime`: records which rows every decoder call ran, and can hold a call.
+
+    Attributes:
+        steps: per decoder call, the source length of each of its rows (its encoder mask's sum), which
+            tells the requests of a batch apart when their sources differ in length.
+        hold: decoder call number (counted from 0) -> Event that call waits for before it runs.
+        holding: set once a held call has started waiting.
+    """
+
+    def __init__(self, runtime, source_mask: str):
+        self.runtime = runtime
+        self.source_mask = source_mask  # the decoder input that carries the encoder's attention mask
+        self.steps: list[list[int]] = []
+        self.hold: dict[int, threading.Event] = {}
+        self.holding = threading.Event()
+
+    def encode(self, feeds):
+        return self.runtime.encode(feeds)
+
+    def decode_step(self, feeds):
+        gate = self.hold.get(len(self.steps))
+        if gate is not None:
+            self.holding.set()
+            assert gate.wait(WAIT), f"decoder call {len(self.steps)} was held and never released"
+        self.steps.append(feeds[self.source_mask].sum(axis=1).tolist())
+        return self.runtime.decode_step(feeds)
+
+    def calls_with(self, source_length: int) -> int:
+        """How many decoder calls ran a row with this source length."""
+        return sum(source_length in rows for rows in self.steps)
+
+
+def recording_engine(repository: pathlib.Path, name: str, batching=None):
+    """A ModelEngine for model `name` of `repository` whose runtime is a RecordingRuntime.
+
+    Returns:
+        (engine, runtime); close the engine when done.
+    """
+    from attnserve.server.batcher import BatchingOptions
+    from attnserve.server.engine import ModelEngine
+    from attnserve.server.repository import find_models, open_runtime
+    from attnserve.server.tokenization import Tokenizer
+
+    version = find_models(repository)[name]
+    manifest = version.manifest
+    mask = next(s.target for s in manifest.static if s.source == manifest.encoder.attention_mask)
+    runtime = RecordingRuntime(open_runtime(version), mask)
+    tokenizer = Tokenizer.from_manifest(version.path, manifest)
+    return ModelEngine(version, runtime, tokenizer, batching or BatchingOptions()), runtime
