@@ -180,3 +180,11 @@ def test_manifest_names_every_graph_tensor(tiny_model_dir):
     assert {s["output"] for s in manifest["state"]} | {manifest["attention"]["output"], "logits"} == dec_out
     tokenizer_ids = manifest["decoder_start"]
     assert set(tokenizer_ids) == set(manifest["languages"]["target"])
+
+
+def test_decoder_graph_holds_one_copy_of_the_embedding(tiny_model_dir, tiny_torch_model):
+    """The tied output projection reads the embedding table; a folded transposed copy would double its size."""
+    cfg = tiny_torch_model.cfg
+    graph = onnx.load(str(tiny_model_dir / "decoder.onnx")).graph
+    tables = [i.name for i in graph.initializer if int(np.prod(i.dims)) == cfg.vocab_size * cfg.d_model]
+    assert len(tables) == 1, f"embedding-sized initializers: {tables}"
