@@ -100,14 +100,7 @@ def result_to_proto(result: gen.GenerationResult) -> pb.GenerateResponse:
         source_tokens=[token_to_proto(t) for t in result.source_tokens],
         finish_reason=_FINISH_REASONS[result.finish_reason],
         attention=None if result.attention is None else attention_to_proto(result.attention),
-        timings=pb.Timings(
-            queue_seconds=timings.queue_seconds,
-            encode_seconds=timings.encode_seconds,
-            first_token_seconds=timings.first_token_seconds,
-            decode_seconds=timings.decode_seconds,
-            total_seconds=timings.total_seconds,
-            batch_size=timings.batch_size,
-        ),
+        timings=pb.Timings(**dataclasses.asdict(timings)),  # the message mirrors the dataclass field by field
     )
 
 
@@ -129,14 +122,7 @@ def result_from_proto(msg: pb.GenerateResponse) -> gen.GenerationResult:
         source_tokens=[token_from_proto(token) for token in msg.source_tokens],
         finish_reason=finish,
         attention=attention_from_proto(msg.attention) if msg.HasField("attention") else None,
-        timings=gen.Timings(
-            queue_seconds=timings.queue_seconds,
-            encode_seconds=timings.encode_seconds,
-            first_token_seconds=timings.first_token_seconds,
-            decode_seconds=timings.decode_seconds,
-            total_seconds=timings.total_seconds,
-            batch_size=timings.batch_size,
-        ),
+        timings=gen.Timings(**{f.name: getattr(timings, f.name) for f in dataclasses.fields(gen.Timings)}),
     )
 
 
