@@ -51,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
 
     translate = commands.add_parser("translate", help="translate text and optionally show the attention")
     translate.add_argument("text")
-    translate.add_argument("--to", default="en", help="target language, e.g. en or zh-TW (default: en)")
+    translate.add_argument(
+        "--to", help="target language, en or zh-TW (default: en for text with Chinese characters, else zh-TW)"
+    )
     translate.add_argument("--attention", action="store_true", help="also draw the attention heatmap")
     grouping = translate.add_mutually_exclusive_group()
     grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
@@ -95,11 +97,16 @@ def _serve(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {exc}") from None
 
 
+def default_target(text: str) -> str:
+    """The other language of the zh-TW <-> en pair: text with any CJK ideograph goes to English."""
+    return "en" if any("\u3400" <= ch <= "\u9fff" or "\uf900" <= ch <= "\ufaff" for ch in text) else "zh-TW"
+
+
 def _translate(args: argparse.Namespace) -> None:
     with Client(args.address) as client:
         result = client.translate(
             args.text,
-            to=args.to,
+            to=args.to or default_target(args.text),
             attention=args.attention,
             granularity=args.granularity,
             layer=args.layer,

@@ -121,3 +121,9 @@ def test_serve_answers_then_stops_on_sigterm(tiny_model_repo):
         server.kill()
         _, log = server.communicate()
     assert "shutting down" in log
+
+
+@pytest.mark.parametrize("text,target", [("知識就是力量", "en"), ("Open 檔案", "en"), ("Knowledge is power", "zh-TW")])
+def test_translate_without_to_goes_to_the_other_language(capsys, address, text, target):
+    status, out, _ = run(capsys, "translate", text, "--json", "--model", MODEL, "--address", address)
+    assert status == 0 and json.loads(out)["target_language"] == target
