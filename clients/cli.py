@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import enum
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -26,12 +27,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not as an "Exception ignored" at exit
     except AttnServeError as exc:
         print(f"error: {exc.code.name}: {exc.details}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader left early (`attnserve translate ... --json | head`): stop quietly, as other tools do.
+        _discard_stdout()
         return 1
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _discard_stdout() -> None:
+    """Points stdout at /dev/null, so that flushing it at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # stdout replaced by something without a descriptor
+        pass
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,19 +97,19 @@ def _serve(args: argparse.Namespace) -> None:
     from attnserve.server import app  # needs ONNX Runtime, which client-only installs lack
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    options = app.ServeOptions(
-        models=args.models,
-        host=args.host,
-        port=args.port,
-        device=args.device,
-        threads=args.threads,
-        max_batch_size=args.max_batch_size,
-        batch_window_ms=args.batch_window_ms,
-        metrics_port=args.metrics_port,
-    )
     try:
+        options = app.ServeOptions(
+            models=args.models,
+            host=args.host,
+            port=args.port,
+            device=args.device,
+            threads=args.threads,
+            max_batch_size=args.max_batch_size,
+            batch_window_ms=args.batch_window_ms,
+            metrics_port=args.metrics_port,
+        )
         app.run(options)
-    except (OSError, ValueError) as exc:  # a missing or malformed repository, a port in use
+    except (OSError, ValueError) as exc:  # a bad option, a missing or malformed repository, a port in use
         raise SystemExit(f"error: {exc}") from None
 
 

@@ -41,6 +41,13 @@ class ServeOptions:
     metrics_port: int | None = None  # serve Prometheus /metrics over HTTP on all interfaces; None = don't
     grace_seconds: float = 10.0  # how long in-flight RPCs may finish after a shutdown signal
 
+    def __post_init__(self):
+        # gRPC would take a port outside 0..65535 modulo 65536 and listen somewhere unexpected.
+        for name in ("port", "metrics_port"):
+            port = getattr(self, name)
+            if port is not None and not 0 <= port <= 65535:
+                raise ValueError(f"ServeOptions.{name} {port} is out of range: use 1..65535, or 0 for any free port")
+
 
 class Server:
     """A started gRPC server and the engines it serves; `stop` shuts both down in order."""
@@ -70,6 +77,9 @@ async def start(engines: Mapping[str, service.Engine], address: str) -> Server:
         options=[
             ("grpc.max_send_message_length", convert.MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", convert.MAX_MESSAGE_BYTES),
+            # gRPC sets SO_REUSEPORT by default on Linux: a second server on a port in use would start and
+            # silently share its traffic instead of failing.
+            ("grpc.so_reuseport", 0),
         ],
     )
     pb_grpc.add_AttnServeServicer_to_server(service.AttnServeServicer(engines), server)

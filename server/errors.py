@@ -54,7 +54,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return None
         method = handler_call_details.method
         wire = {
-            "request_deserializer": handler.request_deserializer,
+            "request_deserializer": _tolerant(handler.request_deserializer),
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary is not None:
@@ -68,9 +68,41 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
 
+class _Undecodable:
+    """Stands in for a request whose bytes do not parse, so that its handler's guard reports it."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _tolerant(deserializer: Callable | None) -> Callable | None:
+    """Wraps a request deserializer so that corrupt bytes become an `_Undecodable`, not an exception.
+
+    gRPC would answer an exception raised while parsing with UNKNOWN and log a traceback; a client that
+    sends bytes which are not the request message (bad UTF-8 in a string, a truncated message) made a bad
+    request, which the guards report as INVALID_ARGUMENT.
+    """
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception as exc:  # protobuf's DecodeError
+            return _Undecodable(exc)
+
+    return deserialize
+
+
+def _check_decoded(request) -> None:
+    if isinstance(request, _Undecodable):
+        raise ValueError(f"the request cannot be parsed: {request.error}")
+
+
 def _guard_call(behavior: Callable, method: str) -> Callable:
     async def guarded(request, context: grpc.aio.ServicerContext):
         try:
+            _check_decoded(request)
             response = behavior(request, context)
             if inspect.isawaitable(response):
                 response = await response
@@ -86,6 +118,7 @@ def _guard_call(behavior: Callable, method: str) -> Callable:
 def _guard_generator(behavior: Callable, method: str) -> Callable:
     async def guarded(request, context: grpc.aio.ServicerContext):
         try:
+            _check_decoded(request)
             async for response in behavior(request, context):
                 yield response
         except grpc.aio.AbortError:

@@ -71,5 +71,12 @@ def count_request(model: str, code: str) -> None:
 
 
 def serve_http(port: int, address: str = "0.0.0.0") -> None:
-    """Serves /metrics over HTTP from a daemon thread."""
-    prometheus_client.start_http_server(port, addr=address)
+    """Serves /metrics over HTTP from a daemon thread.
+
+    Raises:
+        OSError: the port cannot be bound; the message names it.
+    """
+    try:
+        prometheus_client.start_http_server(port, addr=address)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot serve metrics on {address}:{port}: {exc.strerror or exc}") from exc

@@ -1,6 +1,7 @@
 """The AttnServe gRPC servicer: checks a request's shape, converts it, and hands it to the model's engine.
 
-Handlers never block the event loop: an engine runs the model on its own worker thread and returns a
+Handlers never block the event loop: submitting a request (validating and tokenizing it) runs on a
+thread of the loop's default executor, and an engine runs the model on its own worker thread and returns a
 `concurrent.futures.Future`, which handlers await through `asyncio.wrap_future`. Tokens of a stream
 cross from that thread into the loop through `loop.call_soon_threadsafe`. A handler that leaves before
 its request finished (client cancelled, deadline passed) cancels the request in its engine, which frees
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Protocol
@@ -51,7 +53,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         with self._counted(request.model):
             engine, gen_request = self._prepare(request)
-            with _submitted(engine, gen_request) as future:
+            async with _submitted(engine, gen_request) as future:
                 result = await _result(future, _deadline(context))
         metrics.observe_result(result)
         return convert.result_to_proto(result)
@@ -63,7 +65,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         with self._counted(request.model):
             engine, gen_request = self._prepare(request)
             stream = _TokenStream(asyncio.get_running_loop())
-            with _submitted(engine, gen_request, stream.on_token) as future:
+            async with _submitted(engine, gen_request, stream.on_token) as future:
                 # Runs on the worker thread after its last on_token call, so the end marker queues last.
                 future.add_done_callback(stream.finish)
                 async for event in stream.events(deadline):
@@ -126,23 +128,37 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
             metrics.count_request(model if model in self._engines else "", code.name)
 
 
-@contextlib.contextmanager
-def _submitted(
+@contextlib.asynccontextmanager
+async def _submitted(
     engine: Engine,
     request: generation.GenerationRequest,
     on_token: Callable[[generation.StreamedToken], None] | None = None,
-) -> Iterator[concurrent.futures.Future[generation.GenerationResult]]:
-    """Submits `request` to `engine` and cancels it when the block is left.
+) -> AsyncIterator[concurrent.futures.Future[generation.GenerationResult]]:
+    """Submits `request` to `engine` off the event loop and cancels it when the block is left.
+
+    Submitting validates and tokenizes the text: microseconds for a sentence, seconds for the megabytes a
+    message may carry, which on the loop would stall every other call (health checks included).
 
     Cancelling a finished request does nothing; a handler that leaves early (the client cancelled, the
     deadline passed, the stream was closed) drops its queued request or frees its running request's batch
-    row at the next decode step.
+    row at the next decode step, even when it leaves while the request is still being submitted.
     """
-    future = engine.submit(request, on_token)
+    submitting = asyncio.ensure_future(asyncio.to_thread(engine.submit, request, on_token))
+    try:
+        future = await asyncio.shield(submitting)
+    except asyncio.CancelledError:
+        submitting.add_done_callback(functools.partial(_cancel_submitted, engine))
+        raise
     try:
         yield future
     finally:
         engine.cancel(future)
+
+
+def _cancel_submitted(engine: Engine, submitting: asyncio.Future) -> None:
+    """Done-callback of a submission its handler left: cancels the request once it is queued."""
+    if not submitting.cancelled() and submitting.exception() is None:
+        engine.cancel(submitting.result())
 
 
 class _TokenStream:

@@ -72,7 +72,10 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Source ids for `text`: the tokenizer's ids followed by EOS."""
-        return self._tokenizer.encode(text, add_special_tokens=False).ids + [self.eos]
+        # encode_batch releases the GIL while it works (encode holds it): a long text tokenized on a
+        # submitting thread must not stall the server's event loop.
+        (encoding,) = self._tokenizer.encode_batch([text], add_special_tokens=False)
+        return encoding.ids + [self.eos]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenized text; special tokens are dropped."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -127,3 +128,27 @@ def test_serve_answers_then_stops_on_sigterm(tiny_model_repo):
 def test_translate_without_to_goes_to_the_other_language(capsys, address, text, target):
     status, out, _ = run(capsys, "translate", text, "--json", "--model", MODEL, "--address", address)
     assert status == 0 and json.loads(out)["target_language"] == target
+
+
+@pytest.mark.parametrize("command", [["translate", "abcdef", "--json", "--model", MODEL], ["models"]])
+def test_a_closed_pipe_ends_quietly(address, command):
+    # `attnserve translate ... --json | head`: the reader is gone before the output is written.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "attnserve.clients.cli", *command, "--address", address],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 1
+    assert done.stderr == ""
+
+
+def test_serve_with_a_port_out_of_range_is_an_error_not_a_traceback(tiny_model_repo):
+    with pytest.raises(SystemExit, match="^error: ServeOptions.port 70000 is out of range"):
+        cli.main(["serve", "--models", str(tiny_model_repo), "--port", "70000"])

@@ -140,3 +140,10 @@ def test_unreadable_files_name_the_file(tmp_path):
     bad.write_text("[]")
     with pytest.raises(ValueError, match="bad.json: must be an object"):
         load_manifest(bad)
+
+
+def test_a_manifest_that_is_not_utf8_names_the_file(tmp_path):
+    bad = tmp_path / "manifest.json"
+    bad.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match="manifest.json: not UTF-8 text"):
+        load_manifest(bad)

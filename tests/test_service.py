@@ -12,6 +12,7 @@ import concurrent.futures
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import types
@@ -24,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from prometheus_client import REGISTRY
 
-from attnserve.server import app, convert, generation
+from attnserve.server import app, convert, generation, metrics
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import WAIT, FakeEngine, recording_engine
@@ -461,3 +462,107 @@ def test_real_bad_inputs_are_invalid_argument(real_server, fields, message):
     error = status_of(stub.Generate, _tiny_request(**fields), timeout=WAIT)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in error.details()
+
+
+# ---- submitting off the event loop, binding ------------------------------------------------------------
+
+
+class SlowSubmitEngine(FakeEngine):
+    """A fake whose `submit` blocks until `release` is set, as validating megabytes of text does."""
+
+    def __init__(self):
+        super().__init__("slow-submit")
+        self.submitting, self.release = threading.Event(), threading.Event()
+        self.submitted: list[concurrent.futures.Future] = []
+        self.cancelled: list[concurrent.futures.Future] = []
+
+    def submit(self, request, on_token=None) -> concurrent.futures.Future:
+        self.submitting.set()
+        assert self.release.wait(WAIT), "submit was never released"
+        self.submitted.append(super().submit(request, on_token))
+        return self.submitted[-1]
+
+    def cancel(self, future: concurrent.futures.Future) -> None:
+        self.cancelled.append(future)
+        super().cancel(future)
+
+
+@pytest.fixture
+def slow_submit():
+    """(stub, channel, engine) of a server whose one model is a SlowSubmitEngine."""
+    engine = SlowSubmitEngine()
+    with app.BackgroundServer({engine.info.name: engine}) as background:
+        with grpc.insecure_channel(background.address) as channel:
+            try:
+                yield pb_grpc.AttnServeStub(channel), channel, engine
+            finally:
+                engine.release.set()  # before the server stops, so that no submitting thread is left waiting
+
+
+@pytest.mark.parametrize("rpc", ["Generate", "GenerateStream"])
+def test_a_slow_submit_does_not_stall_other_calls(slow_submit, rpc):
+    stub, channel, engine = slow_submit
+    request = text_request("abc", model="slow-submit")
+    if rpc == "Generate":
+        call = stub.Generate.future(request, timeout=WAIT)
+    else:
+        call = stub.GenerateStream(request, timeout=WAIT)
+    assert engine.submitting.wait(WAIT)
+    # While the request is being submitted, the event loop still answers everyone else.
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    assert [m.name for m in stub.ListModels(pb.ListModelsRequest(), timeout=5).models] == ["slow-submit"]
+    engine.release.set()
+    final = call.result() if rpc == "Generate" else list(call)[-1].response
+    assert final.text == "cba"
+
+
+def test_a_request_left_while_it_is_submitted_is_cancelled_once_queued(slow_submit):
+    stub, _, engine = slow_submit
+    engine.gate.clear()  # the request would otherwise finish before anyone could cancel it
+    left = _sample("attnserve_requests_total", model="slow-submit", code="CANCELLED")
+    call = stub.Generate.future(text_request("abc", model="slow-submit"), timeout=WAIT)
+    assert engine.submitting.wait(WAIT)
+    call.cancel()
+    wait_until(lambda: _sample("attnserve_requests_total", model="slow-submit", code="CANCELLED") > left)
+    engine.release.set()  # the handler is gone; the request it submitted must not run unattended
+    wait_until(lambda: engine.submitted and engine.submitted[-1] in engine.cancelled)
+    engine.gate.set()
+    with pytest.raises(concurrent.futures.CancelledError):
+        engine.submitted[-1].result(WAIT)
+
+
+def test_a_port_in_use_is_refused():
+    engine = FakeEngine()
+    with app.BackgroundServer({engine.info.name: engine}) as first:
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{first.server.port}"):
+            app.BackgroundServer({engine.info.name: engine}, port=first.server.port)
+
+
+@pytest.mark.parametrize("field,port", [("port", 70000), ("port", -1), ("metrics_port", 65536)])
+def test_ports_out_of_range_are_refused(field, port):
+    with pytest.raises(ValueError, match=f"ServeOptions.{field} {port} is out of range"):
+        app.ServeOptions(**{field: port})
+
+
+def test_a_metrics_port_in_use_is_named():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            metrics.serve_http(port, address="127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    "mangle", [lambda raw: raw.replace(b"hello", b"\xff\xfehllo"), lambda raw: raw[:-1]], ids=["bad-utf8", "truncated"]
+)
+@pytest.mark.parametrize("rpc", ["Generate", "GenerateStream"])
+def test_requests_that_do_not_parse_are_invalid_argument(served, rpc, mangle):
+    _, channel, _ = served
+    raw = mangle(text_request("hello").SerializeToString())
+    method = f"/attnserve.v1.AttnServe/{rpc}"
+    call = channel.unary_unary(method) if rpc == "Generate" else channel.unary_stream(method)
+    error = status_of(call, raw, timeout=WAIT)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("the request cannot be parsed: Error parsing message")

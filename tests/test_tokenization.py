@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from attnserve.server.manifest import load_manifest
@@ -51,3 +54,17 @@ def test_special_tokens_are_words_of_their_own(tokenizer):
     words = tokenizer.words(ids)
     assert words.labels == ("<2en>", "Save", "<2en>", "</s>")
     assert tokenizer.words([]).starts == ()
+
+
+def test_encoding_a_long_text_lets_other_threads_run(tokenizer):
+    # The server tokenizes on a submitting thread; holding the GIL meanwhile would stall its event loop.
+    text = "知識 power " * 30_000  # a few hundred milliseconds of tokenizing
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (tokenizer.encode(text), done.set()))
+    ticks = 0
+    worker.start()
+    while not done.is_set():
+        time.sleep(0.001)  # runs only when the tokenizing thread lets go of the GIL
+        ticks += 1
+    worker.join()
+    assert ticks >= 5, f"the main thread ran {ticks} times while a long text was tokenized"
