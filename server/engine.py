@@ -108,6 +108,12 @@ class ModelEngine:
         if not 1 <= beam_size <= MAX_BEAM_SIZE:
             raise ValueError(f"beam_size {beam_size} is out of range: use 1 (greedy) to {MAX_BEAM_SIZE}")
         layer = self._attention_layer(request) if request.attention.enabled else None
+        if len(request.text) > m.limits.max_source_tokens * self.tokenizer.max_piece_chars:
+            raise ValueError(
+                f"source is {len(request.text)} characters long; model '{m.name}' accepts at most "
+                f"{m.limits.max_source_tokens} tokens, which is never more than "
+                f"{m.limits.max_source_tokens * self.tokenizer.max_piece_chars} characters"
+            )
         source_ids = self.tokenizer.encode(request.text)
         if len(source_ids) > m.limits.max_source_tokens:
             raise ValueError(

@@ -49,6 +49,11 @@ class Tokenizer:
         added = tokenizer.get_added_tokens_decoder()
         self._special = frozenset(special_ids) | {i for i, token in added.items() if token.special}
         self._pieces = [tokenizer.id_to_token(i) or "" for i in range(self.vocab_size)]
+        # Every piece covers at most this many characters of the text, so a text longer than
+        # n * max_piece_chars is surely over n tokens: oversized input is refused without tokenizing it.
+        self.max_piece_chars = max(
+            (len(p) for i, p in enumerate(self._pieces) if i not in self._special), default=1
+        )
 
     @classmethod
     def from_manifest(cls, folder: pathlib.Path, manifest: Manifest) -> Tokenizer:

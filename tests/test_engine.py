@@ -283,3 +283,13 @@ def test_a_tokenizer_smaller_than_the_model_is_refused(tmp_path, tiny_model_repo
     )
     with pytest.raises(ValueError, match=r"decoder.onnx: logits have \d+ classes but .*tokenizer.json has only"):
         load_engines(repo)
+
+
+def test_oversized_text_is_refused_without_tokenizing(engine, monkeypatch):
+    limit = engine.manifest.limits.max_source_tokens * engine.tokenizer.max_piece_chars
+    # Just under the bound the text is tokenized (and then refused by its token count).
+    with pytest.raises(ValueError, match="tokens long"):
+        engine.prepare(GenerationRequest(MODEL, "a" * limit))
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda text: pytest.fail("tokenized an oversized text"))
+    with pytest.raises(ValueError, match=f"source is {limit + 1} characters long"):
+        engine.prepare(GenerationRequest(MODEL, "a" * (limit + 1)))
