@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
     translate.add_argument("--layer", type=int, default=-1, help="decoder layer; negative counts from the last")
     translate.add_argument("--max-tokens", type=int, default=0, help="0 = the model's limit")
+    translate.add_argument("--beam-size", type=int, default=1, help="1 = greedy search (default), up to 16")
     translate.add_argument("--model", default=DEFAULT_MODEL, help="(default: %(default)s)")
     translate.add_argument("--json", action="store_true", help="print the whole response as JSON")
     _add_address(translate)
@@ -127,6 +128,7 @@ def _translate(args: argparse.Namespace) -> None:
             granularity=args.granularity,
             layer=args.layer,
             max_new_tokens=args.max_tokens,
+            beam_size=args.beam_size,
             model=args.model,
         )
     if args.json:

@@ -106,18 +106,9 @@ class Client:
         self._stub = pb_grpc.AttnServeStub(self._channel)
         self.timeout = timeout
 
-    def translate(
-        self,
-        text: str,
-        to: str = "en",
-        attention: bool = False,
-        granularity: str = "words",
-        layer: int = -1,
-        max_new_tokens: int = 0,
-        model: str = DEFAULT_MODEL,
-    ) -> GenerationResult:
-        """Translates `text`; the arguments are those of `translation_request`."""
-        request = translation_request(text, to, attention, granularity, layer, max_new_tokens, model)
+    def translate(self, text: str, to: str = "en", **options) -> GenerationResult:
+        """Translates `text` into `to`; `options` are `translation_request`'s (attention, beam_size, ...)."""
+        request = translation_request(text, to, **options)
         return self.generate(request)
 
     def generate(self, request: GenerationRequest, source_language: str | None = None) -> GenerationResult:
@@ -176,18 +167,9 @@ class AsyncClient:
         self._stub = pb_grpc.AttnServeStub(self._channel)
         self.timeout = timeout
 
-    async def translate(
-        self,
-        text: str,
-        to: str = "en",
-        attention: bool = False,
-        granularity: str = "words",
-        layer: int = -1,
-        max_new_tokens: int = 0,
-        model: str = DEFAULT_MODEL,
-    ) -> GenerationResult:
-        """Translates `text`; the arguments are those of `translation_request`."""
-        request = translation_request(text, to, attention, granularity, layer, max_new_tokens, model)
+    async def translate(self, text: str, to: str = "en", **options) -> GenerationResult:
+        """Translates `text` into `to`; `options` are `translation_request`'s (attention, beam_size, ...)."""
+        request = translation_request(text, to, **options)
         return await self.generate(request)
 
     async def generate(self, request: GenerationRequest, source_language: str | None = None) -> GenerationResult:

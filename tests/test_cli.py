@@ -152,3 +152,12 @@ def test_a_closed_pipe_ends_quietly(address, command):
 def test_serve_with_a_port_out_of_range_is_an_error_not_a_traceback(tiny_model_repo):
     with pytest.raises(SystemExit, match="^error: ServeOptions.port 70000 is out of range"):
         cli.main(["serve", "--models", str(tiny_model_repo), "--port", "70000"])
+
+
+def test_translate_passes_decoding_options(capsys, fake_server, address):
+    _, engine = fake_server
+    argv = ["translate", "abc", "--to", "en", "--beam-size", "4", "--max-tokens", "3", "--layer", "0"]
+    status, _, _ = run(capsys, *argv, "--attention", "--model", MODEL, "--address", address)
+    assert status == 0
+    request = engine.requests[-1]
+    assert (request.decoding.beam_size, request.decoding.max_new_tokens, request.attention.layer) == (4, 3, 0)
