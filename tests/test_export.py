@@ -188,3 +188,12 @@ def test_decoder_graph_holds_one_copy_of_the_embedding(tiny_model_dir, tiny_torc
     graph = onnx.load(str(tiny_model_dir / "decoder.onnx")).graph
     tables = [i.name for i in graph.initializer if int(np.prod(i.dims)) == cfg.vocab_size * cfg.d_model]
     assert len(tables) == 1, f"embedding-sized initializers: {tables}"
+
+
+def test_parity_report_covers_every_output_and_is_tight(tiny_torch_model, tiny_model_dir):
+    from attnserve.export.parity import max_abs_differences
+
+    worst = max_abs_differences(tiny_torch_model, tiny_model_dir)
+    layers = tiny_torch_model.cfg.decoder_layers
+    assert set(worst) == set(graph_names(layers)["encoder_outputs"] + graph_names(layers)["decoder_outputs"])
+    assert max(worst.values()) < ATOL
