@@ -51,3 +51,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 
 
 def language_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
     return {lang: tokenizer.token_to_id(token) for lang, token in LANGUAGE_TOKENS.items()}
+
+
+def suppressed_ids(tokenizer: Tokenizer) -> list[int]:
+    """Tokens a decoder must never emit: padding, the unused <s>, and the language tags it starts with."""
+    return [PAD_ID, tokenizer.token_to_id("<s>"), *language_token_ids(tokenizer).values()]

@@ -34,7 +34,8 @@ def translate(model, tokenizer, texts: list[str], target: str, batch_size: int =
         for r, i in enumerate(rows):
             ids[r, : len(encoded[i])] = torch.tensor(encoded[i])
         outputs, _ = model.greedy_decode(
-            ids, (ids != bpe.PAD_ID).long(), torch.full((len(rows),), start), bpe.EOS_ID, max_new
+            ids, (ids != bpe.PAD_ID).long(), torch.full((len(rows),), start), bpe.EOS_ID, max_new,
+            suppress_ids=bpe.suppressed_ids(tokenizer),
         )
         for r, i in enumerate(rows):
             results[i] = tokenizer.decode(outputs[r])

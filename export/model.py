@@ -228,13 +228,16 @@ class Transformer(nn.Module):
         return logits
 
     @torch.no_grad()
-    def greedy_decode(self, input_ids, attention_mask, start_ids, eos_id: int, max_new_tokens: int, use_cache=True):
+    def greedy_decode(
+        self, input_ids, attention_mask, start_ids, eos_id: int, max_new_tokens: int, use_cache=True, suppress_ids=()
+    ):
         """Reference greedy search (PyTorch, batch-synchronous) for parity tests and evaluation.
 
         Args:
             input_ids, attention_mask: (B, S) padded source.
             start_ids: (B,) decoder start token per row (the target-language token).
             use_cache: False re-runs the decoder over the whole prefix every step (the uncached reference).
+            suppress_ids: tokens never to emit (the manifest's `special_tokens.suppress`).
 
         Returns:
             A list per row of generated ids (EOS excluded) and per row a (steps, L, H, S) attention tensor.
@@ -256,7 +259,9 @@ class Transformer(nn.Module):
                 pos = torch.arange(t).expand(b, t)
                 mask = subsequent_mask(t)[None, None].expand(b, 1, t, t)
                 logits, _, w = self.decode(prefix, pos, mask, self.empty_cache(b), cross_kv, attention_mask)
-            next_ids = logits[:, -1].argmax(-1)
+            logits = logits[:, -1]
+            logits[:, list(suppress_ids)] = float("-inf")
+            next_ids = logits.argmax(-1)
             for row in range(b):
                 if done[row]:
                     continue

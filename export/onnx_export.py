@@ -164,7 +164,12 @@ def build_manifest(cfg: TransformerConfig, tokenizer: Tokenizer, name: str, vers
         "description": extra.get("description", "Traditional Chinese <-> English Transformer"),
         "languages": {"source": ["en", "zh-TW"], "target": ["en", "zh-TW"]},
         "tokenizer": {"file": "tokenizer.json", "word_boundary": "metaspace-cjk"},
-        "special_tokens": {"pad": bpe.PAD_ID, "unk": bpe.UNK_ID, "eos": bpe.EOS_ID},
+        "special_tokens": {
+            "pad": bpe.PAD_ID,
+            "unk": bpe.UNK_ID,
+            "eos": bpe.EOS_ID,
+            "suppress": list(extra.get("suppress_ids", bpe.suppressed_ids(tokenizer))),
+        },
         "decoder_start": bpe.language_token_ids(tokenizer),
         "limits": {
             "max_source_tokens": extra.get("max_source_tokens", cfg.max_positions // 2),

@@ -132,7 +132,10 @@ class Batch:
         if self._appends:
             self.self_mask = self_mask
         self.positions = self.positions + 1
-        return StepOutput(out[d.logits], out[self._manifest.attention.output])
+        logits = out[d.logits]  # (B, V)
+        if self._manifest.special_tokens.suppress:
+            logits[:, list(self._manifest.special_tokens.suppress)] = -np.inf  # tokens never to emit
+        return StepOutput(logits, out[self._manifest.attention.output])
 
     def select(self, rows: np.ndarray) -> None:
         """Keeps the given rows, in the given order; a row may appear more than once (beam search).

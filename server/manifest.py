@@ -33,6 +33,8 @@ class SpecialTokens:
     pad: int
     unk: int
     eos: int
+    # Ids the decoder must never emit (padding, decoder-start / language tokens); optional in the manifest.
+    suppress: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +224,7 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         source_languages=languages.strings("source"),
         target_languages=languages.strings("target"),
         tokenizer=_tokenizer(r.obj("tokenizer")),
-        special_tokens=SpecialTokens(*(r.obj("special_tokens").integer(k, 0) for k in ("pad", "unk", "eos"))),
+        special_tokens=_special_tokens(r.obj("special_tokens")),
         decoder_start=_decoder_start(r.obj("decoder_start")),
         limits=Limits(limits.integer("max_source_tokens", 1), limits.integer("max_new_tokens", 1)),
         attention=AttentionSpec(
@@ -242,6 +244,16 @@ def _tokenizer(r: _Reader) -> TokenizerSpec:
     if spec.word_boundary not in WORD_BOUNDARIES:
         r.fail(f"word_boundary {spec.word_boundary!r} is not one of {list(WORD_BOUNDARIES)}")
     return spec
+
+
+def _special_tokens(r: _Reader) -> SpecialTokens:
+    suppress = r.get("suppress", list, [])
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in suppress):
+        raise ValueError(f"{r.where}: field 'special_tokens.suppress' must be a list of token ids, got {suppress!r}")
+    tokens = SpecialTokens(*(r.integer(k, 0) for k in ("pad", "unk", "eos")), suppress=tuple(suppress))
+    if tokens.eos in tokens.suppress:
+        raise ValueError(f"{r.where}: field 'special_tokens.suppress' holds the eos id {tokens.eos}")
+    return tokens
 
 
 def _decoder_start(r: _Reader) -> Mapping[str, int]:
