@@ -42,7 +42,9 @@ def translate(model, tokenizer, texts: list[str], target: str, batch_size: int =
     return results
 
 
-def translate_served(repository: pathlib.Path, name: str, texts: list[str], target: str, max_new: int = 128) -> list[str]:
+def translate_served(
+    repository: pathlib.Path, name: str, texts: list[str], target: str, max_new: int = 128, beam_size: int = 1
+) -> list[str]:
     """The same translations through the serving engine (ONNX Runtime, dynamic batching), in input order."""
     from attnserve.server.batcher import BatchingOptions
     from attnserve.server.engine import load_engines
@@ -54,7 +56,7 @@ def translate_served(repository: pathlib.Path, name: str, texts: list[str], targ
         results = []
         for begin in range(0, len(texts), 128):  # stay under the batcher's queue bound
             futures = [
-                engine.submit(GenerationRequest(name, text, target, DecodingOptions(max_new_tokens=max_new)))
+                engine.submit(GenerationRequest(name, text, target, DecodingOptions(max_new, beam_size)))
                 for text in texts[begin : begin + 128]
             ]
             results += [f.result().text for f in futures]
@@ -88,8 +90,11 @@ def spread(indices: list[int], n: int) -> list[int]:
     return indices[::step][:n]
 
 
-def evaluate(checkpoint: pathlib.Path, split: pathlib.Path, limit: int, examples: int, served=None) -> dict:
-    """Scores the checkpoint; with `served` = (repository, model name), also the exported model as served."""
+def evaluate(
+    checkpoint: pathlib.Path, split: pathlib.Path, limit: int, examples: int, served=None, beam_size: int = 1
+) -> dict:
+    """Scores the checkpoint; with `served` = (repository, model name), also the exported model as served,
+    greedy and, when `beam_size` > 1, with beam search."""
     model, tokenizer = load_checkpoint(checkpoint)
     pairs = read_pairs(split)[:limit] if limit else read_pairs(split)
     families = read_families(split, len(pairs))
@@ -119,6 +124,9 @@ def evaluate(checkpoint: pathlib.Path, split: pathlib.Path, limit: int, examples
             served_hypotheses = translate_served(*served, sources, target)
             result["served"] = score(served_hypotheses, references, target)
             result["served"]["identical_to_pytorch"] = sum(a == b for a, b in zip(served_hypotheses, hypotheses))
+            if beam_size > 1:
+                beams = translate_served(*served, sources, target, beam_size=beam_size)
+                result["served_beam"] = {"beam_size": beam_size, **score(beams, references, target)}
         report["directions"][name] = result
     return report
 
@@ -133,10 +141,11 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path)
     parser.add_argument("--served-models", type=pathlib.Path, help="also score this repository's exported model")
     parser.add_argument("--served-name", default="translate-zh-en")
+    parser.add_argument("--served-beam-size", type=int, default=1, help="also score served beam search")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     served = (args.served_models, args.served_name) if args.served_models else None
-    report = evaluate(args.checkpoint, args.split, args.limit, args.examples, served)
+    report = evaluate(args.checkpoint, args.split, args.limit, args.examples, served, args.served_beam_size)
     text = json.dumps(report, indent=2, ensure_ascii=False)
     if args.out:
         args.out.write_text(text + "\n")

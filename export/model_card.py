@@ -34,12 +34,19 @@ def corpus_section(stats: dict) -> list[str]:
 
 
 def scores_section(scores: dict) -> list[str]:
-    rows = ["| direction | BLEU | chrF | everyday (HSK) BLEU / chrF | served == PyTorch |", "|---|---|---|---|---|"]
+    rows = [
+        "| direction | BLEU | chrF | everyday (HSK) BLEU / chrF | served == PyTorch | served, beam search BLEU / chrF |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, d in scores["directions"].items():
         hsk = d["by_family"].get("hsk", {})
         served = d.get("served", {}).get("identical_to_pytorch")
         same = f"{served} / {scores['pairs']}" if served is not None else "not measured"
-        rows.append(f"| {name} | {d['bleu']} | {d['chrf']} | {hsk.get('bleu', '-')} / {hsk.get('chrf', '-')} | {same} |")
+        beam = d.get("served_beam")
+        beam_cell = f"{beam['bleu']} / {beam['chrf']} (beam {beam['beam_size']})" if beam else "not measured"
+        rows.append(
+            f"| {name} | {d['bleu']} | {d['chrf']} | {hsk.get('bleu', '-')} / {hsk.get('chrf', '-')} | {same} | {beam_cell} |"
+        )
     first = next(iter(scores["directions"].values()))
     rows += ["", f"sacrebleu signatures: `{first['signatures'][0]}` (zh-TW targets: `tok:zh`), `{first['signatures'][1]}`."]
     return rows
