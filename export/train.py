@@ -43,6 +43,9 @@ class TrainOptions:
     seed: int = 1234
     # Minutes between checkpoints / dev evaluations.
     checkpoint_minutes: float = 5.0
+    # Corpus family -> how many times its training pairs are repeated (e.g. {"hsk": 5}: the everyday
+    # sentences are 4% of the corpus, and a demo translates everyday sentences).
+    upsample: tuple[tuple[str, int], ...] = ()
 
 
 def read_pairs(path: pathlib.Path) -> list[tuple[str, str]]:
@@ -52,6 +55,13 @@ def read_pairs(path: pathlib.Path) -> list[tuple[str, str]]:
         if en and zh:
             pairs.append((en, zh))
     return pairs
+
+
+def upsample_pairs(pairs, families: list[str], factors: dict[str, int]):
+    """Repeats the pairs of each family in `factors` that many times in all (`families` is line-aligned)."""
+    if len(families) != len(pairs):
+        raise ValueError(f"the .source file has {len(families)} lines for {len(pairs)} pairs")
+    return [pair for pair, family in zip(pairs, families) for _ in range(factors.get(family, 1))]
 
 
 def make_examples(pairs, tokenizer: Tokenizer, max_tokens: int) -> list[tuple[list[int], list[int]]]:
@@ -159,6 +169,9 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, model_cfg: di
     torch.manual_seed(opts.seed)
     train_pairs = read_pairs(corpus / "train.tsv")
     tokenizer = load_or_train_tokenizer(run, train_pairs, opts.vocab_size)
+    if opts.upsample:
+        families = [line.split("/")[0] for line in (corpus / "train.source").read_text().splitlines()]
+        train_pairs = upsample_pairs(train_pairs, families, dict(opts.upsample))
     examples = make_examples(train_pairs, tokenizer, opts.max_tokens)
     dev_examples = make_examples(read_pairs(corpus / "dev.tsv"), tokenizer, opts.max_tokens)
     log.info("train examples %d (both directions), dev %d", len(examples), len(dev_examples))
@@ -174,7 +187,13 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, model_cfg: di
         optimizer.load_state_dict(ckpt["optimizer"])
         state = ckpt["state"]
         torch.set_rng_state(ckpt["rng"])
+        if state.get("examples") != len(examples):
+            # A different (or unrecorded) data mix, e.g. a new --upsample: its batch order differs, so the
+            # saved position in the epoch means nothing; start a fresh epoch.
+            log.info("training data changed (%s -> %d examples): new epoch", state.get("examples"), len(examples))
+            state["epoch"], state["batch_in_epoch"] = state["epoch"] + 1, 0
         log.info("resumed at step %d (%d target tokens seen)", state["step"], state["tokens"])
+    state["examples"] = len(examples)
     log.info("model: %s, %.2fM parameters", cfg, sum(p.numel() for p in model.parameters()) / 1e6)
     run_epochs(model, optimizer, examples, dev_examples, tokenizer, state, run, minutes, opts)
 
@@ -235,6 +254,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
     parser.add_argument("--batch-tokens", type=int, default=TrainOptions.batch_tokens)
     parser.add_argument("--lr", type=float, default=TrainOptions.lr)
+    parser.add_argument(
+        "--upsample", action="append", default=[], metavar="FAMILY=N",
+        help="repeat a corpus family's training pairs N times (families as in train.source), e.g. hsk=5",
+    )
     args = parser.parse_args()
     args.run.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
@@ -251,7 +274,8 @@ def main() -> None:
         "decoder_layers": args.layers,
         "max_positions": 512,
     }
-    opts = TrainOptions(batch_tokens=args.batch_tokens, lr=args.lr)
+    upsample = tuple((family, int(n)) for family, _, n in (u.partition("=") for u in args.upsample))
+    opts = TrainOptions(batch_tokens=args.batch_tokens, lr=args.lr, upsample=upsample)
     train(args.corpus, args.run, args.minutes, model_cfg, opts)
 
 
