@@ -63,6 +63,16 @@ def examples_section(scores: dict) -> list[str]:
     return lines
 
 
+def phase_lines(state: dict) -> list[str]:
+    """One line per training run that changed the data mix (runs before phases were recorded count as one)."""
+    phases = [p for p in state.get("phases", []) if p["upsample"]]
+    return [
+        f"- From step {p['start_step']:,} on: training pairs of {', '.join(f'{k} x{v}' for k, v in p['upsample'].items())}"
+        " (repeated in the data mix)."
+        for p in phases
+    ]
+
+
 def everyday_share(stats: dict) -> float:
     train = stats["splits"]["train"]
     return train["by_family"].get("hsk", 0) / train["pairs"]
@@ -90,6 +100,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path)
         f"- {state['step']:,} optimizer steps, {state['epoch']} full epochs + {state['batch_in_epoch']:,} batches,"
         f" {state['tokens'] / 1e6:.1f}M target tokens seen, {state['seconds'] / 60:.0f} minutes of compute"
         f" ({state['tokens'] / max(state['seconds'], 1):.0f} target tokens/s on 2 shared CPU cores).",
+        *phase_lines(state),
         f"- AdamW (0.9, 0.98), inverse-square-root schedule with warm-up, label smoothing 0.1, dropout"
         f" {cfg['dropout']}, about 3,000 target tokens per step; best dev loss {state['best_dev']:.3f}"
         " (per-token cross-entropy, no smoothing). Script: `python -m attnserve.export.train`.",

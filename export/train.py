@@ -194,6 +194,8 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, model_cfg: di
             state["epoch"], state["batch_in_epoch"] = state["epoch"] + 1, 0
         log.info("resumed at step %d (%d target tokens seen)", state["step"], state["tokens"])
     state["examples"] = len(examples)
+    # Each invocation is a phase; the model card lists them (e.g. a final phase with upsampled sentences).
+    state.setdefault("phases", []).append({"start_step": state["step"], "upsample": dict(opts.upsample)})
     log.info("model: %s, %.2fM parameters", cfg, sum(p.numel() for p in model.parameters()) / 1e6)
     run_epochs(model, optimizer, examples, dev_examples, tokenizer, state, run, minutes, opts)
 
