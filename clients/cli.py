@@ -18,8 +18,9 @@ import sys
 from collections.abc import Sequence
 
 from attnserve.clients import heatmap
-from attnserve.clients.client import DEFAULT_ADDRESS, DEFAULT_MODEL, AttnServeError, Client
+from attnserve.clients.client import DEFAULT_ADDRESS, DEFAULT_MODEL, AttnServeError, Client, translation_request
 from attnserve.server import convert
+from attnserve.server.generation import GenerationResult
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     translate.add_argument("--beam-size", type=int, default=1, help="1 = greedy search (default), up to 16")
     translate.add_argument("--model", default=DEFAULT_MODEL, help="(default: %(default)s)")
     translate.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    translate.add_argument("--stream", action="store_true", help="print the output as it is decoded")
     _add_address(translate)
     translate.set_defaults(run=_translate, granularity="words")
 
@@ -120,24 +122,36 @@ def default_target(text: str) -> str:
 
 
 def _translate(args: argparse.Namespace) -> None:
+    request = translation_request(
+        args.text,
+        to=args.to or default_target(args.text),
+        attention=args.attention,
+        granularity=args.granularity,
+        layer=args.layer,
+        max_new_tokens=args.max_tokens,
+        beam_size=args.beam_size,
+        model=args.model,
+    )
     with Client(args.address) as client:
-        result = client.translate(
-            args.text,
-            to=args.to or default_target(args.text),
-            attention=args.attention,
-            granularity=args.granularity,
-            layer=args.layer,
-            max_new_tokens=args.max_tokens,
-            beam_size=args.beam_size,
-            model=args.model,
-        )
+        result = _print_stream(client, request) if args.stream else client.generate(request)
     if args.json:
         print(json.dumps(dataclasses.asdict(result), default=_enum_value, ensure_ascii=False, indent=2))
         return
-    print(result.text)
+    if not args.stream:
+        print(result.text)
     if result.attention is not None:
         print()
         print(heatmap.render(result.attention))
+
+
+def _print_stream(client: Client, request) -> GenerationResult:
+    """Prints the output text as the server decodes it; returns the final result."""
+    for event in client.stream(request):
+        if isinstance(event, GenerationResult):
+            print()
+            return event
+        print(event.text, end="", flush=True)
+    raise RuntimeError("the stream ended without a final response")
 
 
 def _models(args: argparse.Namespace) -> None:

@@ -181,7 +181,9 @@ def attention_from_proto(msg: pb.AttentionMatrix) -> gen.AttentionMatrix:
 
 def token_event_to_proto(event: gen.StreamedToken) -> pb.GenerateStreamResponse:
     return pb.GenerateStreamResponse(
-        token=pb.TokenEvent(index=event.index, token=token_to_proto(event.token), attention=event.attention or [])
+        token=pb.TokenEvent(
+            index=event.index, token=token_to_proto(event.token), attention=event.attention or [], text=event.text
+        )
     )
 
 
@@ -199,7 +201,9 @@ def stream_event_from_proto(msg: pb.GenerateStreamResponse) -> gen.StreamedToken
     if kind == "token":
         event = msg.token
         # A row always has a column for the source's EOS, so an empty one means none was sent.
-        return gen.StreamedToken(event.index, token_from_proto(event.token), list(event.attention) or None)
+        return gen.StreamedToken(
+            event.index, token_from_proto(event.token), list(event.attention) or None, event.text
+        )
     if kind == "response":
         return result_from_proto(msg.response)
     raise ValueError("stream message carries neither a token nor a response")

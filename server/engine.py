@@ -202,7 +202,7 @@ class ModelEngine:
 
     def _run_group(self, items: Sequence[WorkItem], indices: Sequence[int]) -> Iterator[tuple[int, object]]:
         prepared = [item.payload for item in items]
-        streamed = [0] * len(items)  # tokens passed to each item's callback
+        streamed: list[list[int]] = [[] for _ in items]  # ids passed to each item's callback so far
         streaming = np.array([item.on_token is not None for item in items])  # (N,)
         answered: set[int] = set()
         # Encode once for the whole group.
@@ -236,7 +236,7 @@ class ModelEngine:
             del batch, strategy
 
     def _stream(
-        self, items: Sequence[WorkItem], events: StepEvents, streaming: np.ndarray, streamed: list[int]
+        self, items: Sequence[WorkItem], events: StepEvents, streaming: np.ndarray, streamed: list[list[int]]
     ) -> list[tuple[int, Exception]]:
         """Passes this step's tokens to the callbacks that want them; returns the callbacks that raised."""
         failed = []
@@ -246,13 +246,16 @@ class ModelEngine:
             step = None if events.attention is None else events.attention[e, None]  # (1, L, H, S)
             rows = _piece_rows(items[i].payload, step)
             try:
-                items[i].emit(StreamedToken(streamed[i], token, None if rows is None else rows[0]))
-                streamed[i] += 1
+                text = self.tokenizer.text_delta(streamed[i], token_id)
+                items[i].emit(StreamedToken(len(streamed[i]), token, None if rows is None else rows[0], text))
+                streamed[i].append(token_id)
             except Exception as exc:  # the caller's callback: fail this request only
                 failed.append((i, exc))
         return failed
 
-    def _answer(self, item: WorkItem, hyp: Hypothesis, streamed: list[int], clock: _Clock, size: int) -> object:
+    def _answer(
+        self, item: WorkItem, hyp: Hypothesis, streamed: list[list[int]], clock: _Clock, size: int
+    ) -> object:
         """The finished request's result, or the exception that failed it."""
         try:
             result = self._result(item.payload, hyp, clock, item.accepted_at, size)
@@ -260,7 +263,7 @@ class ModelEngine:
             log.exception("request %r failed while building its result", item.payload.request.request_id)
             return exc
         try:
-            _stream_rest(item, hyp, result.tokens, streamed[hyp.index])
+            _stream_rest(item, hyp, result.tokens, len(streamed[hyp.index]), self.tokenizer)
         except Exception as exc:  # the caller's callback: fail this request only
             return exc
         return result
@@ -317,7 +320,7 @@ def _piece_rows(prepared: PreparedRequest, weights: np.ndarray | None) -> list[l
     return layer_mean(weights[..., : len(prepared.source_ids)], prepared.attention_layer).tolist()
 
 
-def _stream_rest(item: WorkItem, hyp: Hypothesis, tokens: Sequence[Token], start: int) -> None:
+def _stream_rest(item: WorkItem, hyp: Hypothesis, tokens: Sequence[Token], start: int, tokenizer: Tokenizer) -> None:
     """Streams the tokens from `start` on: beam search streams its whole output when it finishes.
 
     Raises:
@@ -326,8 +329,10 @@ def _stream_rest(item: WorkItem, hyp: Hypothesis, tokens: Sequence[Token], start
     if item.on_token is None or start == len(tokens):
         return
     rows = _piece_rows(item.payload, hyp.attention)
+    ids = [t.id for t in tokens]
     for index in range(start, len(tokens)):
-        item.emit(StreamedToken(index, tokens[index], None if rows is None else rows[index]))
+        text = tokenizer.text_delta(ids[:index], ids[index])
+        item.emit(StreamedToken(index, tokens[index], None if rows is None else rows[index], text))
 
 
 class EngineRegistry:

@@ -63,6 +63,9 @@ class StreamedToken:
     # The token's row of the piece-level attention matrix: the chosen layer, mean over heads, one weight
     # per source piece (EOS included), whatever granularity the final matrix has. None without attention.
     attention: list[float] | None = None
+    # The text this token adds to the output: detokenized, "" for special tokens. The concatenated texts
+    # of a stream equal the final result's text.
+    text: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import re
 from collections.abc import Iterable, Sequence
@@ -85,6 +86,11 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenized text; special tokens are dropped."""
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def text_delta(self, previous: Sequence[int], new: int) -> str:
+        """The text that token `new` adds after `previous` (what a stream prints; "" for special tokens)."""
+        before, after = self.decode(previous), self.decode([*previous, new])
+        return after[len(os.path.commonprefix([before, after])) :]  # detokenizing only appends
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The vocabulary piece of each id, e.g. "▁power"."""

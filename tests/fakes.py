@@ -93,7 +93,7 @@ class FakeEngine:
         weights = [[1.0 if c == n - 1 - r else 0.0 for c in range(len(source))] for r in range(len(tokens))]
         for index, (token, row) in enumerate(zip(tokens, weights)):
             if on_token is not None:
-                on_token(StreamedToken(index, token, row if request.attention.enabled else None))
+                on_token(StreamedToken(index, token, row if request.attention.enabled else None, token.piece))
             if index == 0 and self.pause_after_first:
                 self.paused.set()
                 assert stop.wait(WAIT), "the paused request was never cancelled"

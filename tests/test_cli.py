@@ -161,3 +161,18 @@ def test_translate_passes_decoding_options(capsys, fake_server, address):
     assert status == 0
     request = engine.requests[-1]
     assert (request.decoding.beam_size, request.decoding.max_new_tokens, request.attention.layer) == (4, 3, 0)
+
+
+def test_stream_prints_the_same_translation(capsys, address):
+    status, streamed, _ = run(capsys, "translate", "abc", "--stream", "--model", MODEL, "--address", address)
+    assert status == 0
+    _, unary, _ = run(capsys, "translate", "abc", "--model", MODEL, "--address", address)
+    assert streamed == unary == "cba\n"
+
+
+def test_stream_on_the_real_model_prints_the_unary_text(capsys, tiny_server):
+    address = tiny_server[0].address
+    argv = ["translate", "Open the File menu", "--to", "zh-TW", "--model", "tiny-translate", "--address", address]
+    _, unary, _ = run(capsys, *argv, "--max-tokens", "12")
+    _, streamed, _ = run(capsys, *argv, "--max-tokens", "12", "--stream")
+    assert streamed == unary

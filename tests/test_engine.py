@@ -293,3 +293,21 @@ def test_oversized_text_is_refused_without_tokenizing(engine, monkeypatch):
     monkeypatch.setattr(engine.tokenizer, "encode", lambda text: pytest.fail("tokenized an oversized text"))
     with pytest.raises(ValueError, match=f"source is {limit + 1} characters long"):
         engine.prepare(GenerationRequest(MODEL, "a" * (limit + 1)))
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_streamed_texts_concatenate_to_the_result_text(engine, beam_size):
+    for i in range(4):
+        events = []
+        result = engine.submit(request(i, beam_size=beam_size), on_token=events.append).result(timeout=WAIT)
+        assert "".join(e.text for e in events) == result.text
+        # Special tokens add no text; the tiny random model does emit some.
+        special = [e for e in events if e.token.piece.startswith("<")]
+        assert all(e.text == "" for e in special)
+
+
+def test_text_delta_handles_word_markers_and_cjk(engine):
+    tok = engine.tokenizer
+    ids = tok.encode("Open the File menu 開啟")[:-1]  # without EOS
+    deltas = [tok.text_delta(ids[:k], ids[k]) for k in range(len(ids))]
+    assert "".join(deltas) == tok.decode(ids) == "Open the File menu 開啟"
