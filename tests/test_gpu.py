@@ -1,0 +1,41 @@
+"""The CUDA provider gives what the CPU provider gives. Skipped where onnxruntime-gpu or a GPU is missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine import load_engines
+from attnserve.server.generation import AttentionOptions, GenerationRequest
+from attnserve.server.runtime import RuntimeOptions
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        "CUDAExecutionProvider" not in ort.get_available_providers(), reason="needs onnxruntime-gpu and CUDA"
+    ),
+]
+
+TEXTS = ["知識就是力量。", "Open the File menu, then choose Save.", "這個按鈕會關閉視窗"]
+
+
+def results(repository, device: str):
+    registry = load_engines(repository, RuntimeOptions(device=device), BatchingOptions())
+    try:
+        engine = registry.get("tiny-translate")
+        futures = [
+            engine.submit(GenerationRequest("tiny-translate", t, lang, attention=AttentionOptions(enabled=True)))
+            for t in TEXTS
+            for lang in ("en", "zh-TW")
+        ]
+        return [f.result(timeout=120) for f in futures]
+    finally:
+        registry.close()
+
+
+def test_cuda_equals_cpu(tiny_model_repo):
+    for cpu, cuda in zip(results(tiny_model_repo, "cpu"), results(tiny_model_repo, "cuda")):
+        assert [t.id for t in cuda.tokens] == [t.id for t in cpu.tokens]
+        np.testing.assert_allclose(cuda.attention.weights, cpu.attention.weights, atol=1e-3)
