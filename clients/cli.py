@@ -75,7 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     grouping = translate.add_mutually_exclusive_group()
     grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
     grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
-    translate.add_argument("--layer", type=int, default=-1, help="decoder layer; negative counts from the last")
+    translate.add_argument(
+        "--layer", type=int, help="decoder layer; negative counts from the last (default: the model's choice)"
+    )
     translate.add_argument("--max-tokens", type=int, default=0, help="0 = the model's limit")
     translate.add_argument("--beam-size", type=int, default=1, help="1 = greedy search (default), up to 16")
     translate.add_argument("--model", default=DEFAULT_MODEL, help="(default: %(default)s)")

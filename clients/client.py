@@ -61,7 +61,7 @@ def translation_request(
     to: str = "en",
     attention: bool = False,
     granularity: str = "words",
-    layer: int = -1,
+    layer: int | None = None,
     max_new_tokens: int = 0,
     model: str = DEFAULT_MODEL,
     beam_size: int = 1,
@@ -74,7 +74,7 @@ def translation_request(
         to: target language code, e.g. "en" or "zh-TW".
         attention: whether to return the attention matrix.
         granularity: "words" or "pieces".
-        layer: decoder layer to read; negative counts from the last.
+        layer: decoder layer to read; negative counts from the last; None = the model's default layer.
         max_new_tokens: upper bound on generated tokens; 0 = the model's limit.
         model: served model name.
         beam_size: 1 = greedy search.

@@ -175,7 +175,12 @@ def build_manifest(cfg: TransformerConfig, tokenizer: Tokenizer, name: str, vers
             "max_source_tokens": extra.get("max_source_tokens", cfg.max_positions // 2),
             "max_new_tokens": extra.get("max_new_tokens", cfg.max_positions // 2),
         },
-        "attention": {"output": "cross_attentions", "layers": layers, "heads": cfg.heads},
+        "attention": {
+            "output": "cross_attentions",
+            "layers": layers,
+            "heads": cfg.heads,
+            "default_layer": extra.get("attention_layer", -1),
+        },
         "encoder": {"file": "encoder.onnx", "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask"}},
         "decoder": {
             "file": "decoder.onnx",
@@ -220,6 +225,9 @@ def main() -> None:
     parser.add_argument("--name", default="translate-zh-en")
     parser.add_argument("--max-source-tokens", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument(
+        "--attention-layer", type=int, default=-1, help="layer served when a request names none (the best aligned)"
+    )
     args = parser.parse_args()
     model, tokenizer = load_checkpoint(args.checkpoint)
     version = int(args.out.name)
@@ -231,6 +239,7 @@ def main() -> None:
         version,
         max_source_tokens=args.max_source_tokens,
         max_new_tokens=args.max_new_tokens,
+        attention_layer=args.attention_layer,
     )
     print(f"exported {args.name} v{version} to {args.out}")
 

@@ -51,7 +51,7 @@ def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
         ),
         attention=gen.AttentionOptions(
             enabled=options.mode == pb.ATTENTION_MODE_AGGREGATED,
-            layer=options.layer if options.HasField("layer") else -1,
+            layer=options.layer if options.HasField("layer") else None,
             granularity=_granularity_from_proto(options.granularity),
         ),
         request_id=msg.request_id,

@@ -142,6 +142,8 @@ class ModelEngine:
 
     def _attention_layer(self, request: GenerationRequest) -> int:
         layers, layer = self.manifest.attention.layers, request.attention.layer
+        if layer is None:
+            layer = self.manifest.attention.default_layer
         if not -layers <= layer < layers:
             raise ValueError(
                 f"attention layer {layer} is out of range: model '{self.manifest.name}' has {layers} decoder "

@@ -27,8 +27,9 @@ class AttentionGranularity(enum.Enum):
 class AttentionOptions:
     # False: no attention matrix in the result.
     enabled: bool = False
-    # Decoder layer to read; negative counts from the last (-1 = last layer).
-    layer: int = -1
+    # Decoder layer to read; negative counts from the last (-1 = last layer). None = the model's default
+    # (its manifest's `attention.default_layer`: the layer whose attention aligns words best).
+    layer: int | None = None
     # How subword pieces are grouped in the returned matrix.
     granularity: AttentionGranularity = AttentionGranularity.PIECES
 

@@ -51,6 +51,8 @@ class AttentionSpec:
     output: str
     layers: int
     heads: int
+    # Layer returned when a request names none; negative counts from the last.
+    default_layer: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,9 +229,7 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         special_tokens=_special_tokens(r.obj("special_tokens")),
         decoder_start=_decoder_start(r.obj("decoder_start")),
         limits=Limits(limits.integer("max_source_tokens", 1), limits.integer("max_new_tokens", 1)),
-        attention=AttentionSpec(
-            attention.string("output"), attention.integer("layers", 1), attention.integer("heads", 1)
-        ),
+        attention=_attention(attention),
         encoder=_encoder(r.obj("encoder")),
         decoder=_decoder(r.obj("decoder")),
         static=tuple(_static(s) for s in r.items("static")),
@@ -243,6 +243,15 @@ def _tokenizer(r: _Reader) -> TokenizerSpec:
     spec = TokenizerSpec(file=r.string("file"), word_boundary=r.string("word_boundary"))
     if spec.word_boundary not in WORD_BOUNDARIES:
         r.fail(f"word_boundary {spec.word_boundary!r} is not one of {list(WORD_BOUNDARIES)}")
+    return spec
+
+
+def _attention(r: _Reader) -> AttentionSpec:
+    spec = AttentionSpec(
+        r.string("output"), r.integer("layers", 1), r.integer("heads", 1), r.integer("default_layer", None, -1)
+    )
+    if not -spec.layers <= spec.default_layer < spec.layers:
+        raise ValueError(f"{r.where}: field 'attention.default_layer' {spec.default_layer} is not a layer of {spec.layers}")
     return spec
 
 

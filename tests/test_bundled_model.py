@@ -70,7 +70,8 @@ def test_english_is_translated_into_chinese(engine, text):
         ("開啟檔案", "en", "file", {"檔", "案"}),
         ("開啟檔案", "en", "Open", {"開", "啟"}),
         ("Open the file", "zh-TW", "檔", {"file"}),
-        ("Save the current document", "zh-TW", "存", {"Save"}),
+        ("Save the current document", "zh-TW", "儲", {"Save"}),
+        ("Save the current document", "zh-TW", "文", {"document"}),
     ],
 )
 def test_attention_points_at_the_source_word(engine, text, to, output_word, source_words):
@@ -101,3 +102,12 @@ def test_beam_search_scores_at_least_as_well_as_greedy(engine):
     beam = translate(engine, text, "en", decoding=DecodingOptions(beam_size=4))
     length_normalized = lambda r: sum(t.logprob for t in r.tokens) / max(len(r.tokens), 1)  # noqa: E731
     assert length_normalized(beam) >= length_normalized(greedy) - 1e-6
+
+
+def test_unset_layer_is_the_models_best_aligned_layer(engine):
+    """The manifest names layer 1 (the middle layer aligns words best); a request without a layer gets it."""
+    default = translate(engine, "Open the file", "zh-TW", attention=WORDS).attention
+    explicit = translate(
+        engine, "Open the file", "zh-TW", attention=AttentionOptions(True, 1, AttentionGranularity.WORDS)
+    ).attention
+    assert default.layer == 1 and default == explicit

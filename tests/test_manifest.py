@@ -105,6 +105,7 @@ def _set(data: dict, path: str, value) -> None:
         ("limits.max_source_tokens", "256", "field 'limits.max_source_tokens' must be int"),
         ("limits.max_source_tokens", 0, "field 'limits.max_source_tokens' must be >= 1"),
         ("special_tokens.eos", True, "field 'special_tokens.eos' must be int"),
+        ("attention.default_layer", 7, "field 'attention.default_layer' 7 is not a layer of"),
         ("special_tokens.suppress", [0, "4"], "field 'special_tokens.suppress' must be a list of token ids"),
         ("special_tokens.suppress", [0, 2], "field 'special_tokens.suppress' holds the eos id 2"),
         ("format_version", 2, "format_version 2 is not supported"),
