@@ -164,3 +164,19 @@ def recording_engine(repository: pathlib.Path, name: str, batching=None):
     runtime = RecordingRuntime(open_runtime(version), mask)
     tokenizer = Tokenizer.from_manifest(version.path, manifest)
     return ModelEngine(version, runtime, tokenizer, batching or BatchingOptions()), runtime
+
+
+# Requests of mixed source lengths and both directions, shared by the decoding and engine tests, with the
+# max_new_tokens each gets: the longest source (index 4) stops first, so a batch trims its source padding
+# mid-decode.
+MIXED_TEXTS = [
+    "Open the File menu, then choose Save.",
+    "知識就是力量。",
+    "今天天氣很好，我們去公園散步吧！",
+    "Save",
+    "The weather is nice today, let's take a walk in the park!",
+    "這個按鈕",
+    "用 Python 寫程式很有趣",
+    "This button closes the window",
+]
+MIXED_MAX_NEW = [40, 12, 33, 40, 2, 26, 40, 7]

@@ -21,20 +21,10 @@ from attnserve.server.generation import FinishReason, GenerationRequest
 from attnserve.server.manifest import parse_manifest
 from attnserve.server.repository import find_models, open_runtime
 from attnserve.server.tokenization import Tokenizer
+from fakes import MIXED_MAX_NEW, MIXED_TEXTS
 
 ATOL = 1e-5
-TEXTS = [
-    "Open the File menu, then choose Save.",
-    "知識就是力量。",
-    "今天天氣很好，我們去公園散步吧！",
-    "Save",
-    "The weather is nice today, let's take a walk in the park!",
-    "這個按鈕",
-    "用 Python 寫程式很有趣",
-    "This button closes the window",
-]
-# The longest source (index 4) stops first, so the batch trims its source padding mid-decode.
-MAX_NEW = [40, 12, 33, 40, 2, 26, 40, 7]
+TEXTS, MAX_NEW = MIXED_TEXTS, MIXED_MAX_NEW
 
 
 @pytest.fixture(scope="module")

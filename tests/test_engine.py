@@ -23,20 +23,11 @@ from attnserve.server.generation import (
 )
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
-from fakes import recording_engine
+from fakes import MIXED_MAX_NEW, MIXED_TEXTS, recording_engine
 
 MODEL = "tiny-translate"
 WAIT = 60  # seconds; only a bound against hanging, never asserted on
-TEXTS = [
-    "Open the File menu, then choose Save.",
-    "知識就是力量。",
-    "今天天氣很好，我們去公園散步吧！",
-    "Save",
-    "The weather is nice today, let's take a walk in the park!",
-    "這個按鈕",
-    "用 Python 寫程式很有趣",
-    "This button closes the window",
-]
+TEXTS = MIXED_TEXTS
 PIECES = AttentionOptions(enabled=True, layer=-1, granularity=AttentionGranularity.PIECES)
 WORDS = AttentionOptions(enabled=True, layer=0, granularity=AttentionGranularity.WORDS)
 
@@ -66,7 +57,7 @@ def request(i: int, max_new_tokens: int = 0, attention=PIECES, beam_size: int = 
         MODEL,
         TEXTS[i],
         ["en", "zh-TW"][i % 2],
-        DecodingOptions(max_new_tokens=max_new_tokens or [40, 12, 33, 40, 2, 26, 40, 7][i], beam_size=beam_size),
+        DecodingOptions(max_new_tokens=max_new_tokens or MIXED_MAX_NEW[i], beam_size=beam_size),
         attention,
         request_id=f"r{i}",
     )
