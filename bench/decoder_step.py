@@ -20,7 +20,8 @@ import onnxruntime as ort
 import torch
 
 from attnserve.export.model import Transformer, TransformerConfig
-from attnserve.export.onnx_export import export_graphs, graph_names, load_checkpoint
+from attnserve.export.architectures import load_checkpoint
+from attnserve.export.onnx_export import export_graphs, graph_names
 
 
 def median_seconds(fn, repeats: int) -> float:

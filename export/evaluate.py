@@ -15,7 +15,7 @@ import sacrebleu
 import torch
 
 from attnserve.export import bpe
-from attnserve.export.onnx_export import load_checkpoint
+from attnserve.export.architectures import load_checkpoint
 from attnserve.export.train import read_pairs
 
 DIRECTIONS = {"zh-TW->en": (1, 0, "en"), "en->zh-TW": (0, 1, "zh-TW")}  # (source column, target column, lang)

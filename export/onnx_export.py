@@ -1,4 +1,4 @@
-"""Exports a trained Transformer to the attnserve model contract (docs/model-contract.md):
+"""Exports a trained translator (Transformer or recurrent) to the attnserve model contract (docs/model-contract.md):
 encoder.onnx, decoder.onnx (one cached step that also returns its cross-attention), manifest.json and
 tokenizer.json, in one version folder of a model repository.
 
@@ -17,6 +17,7 @@ from torch import nn
 from tokenizers import Tokenizer
 
 from attnserve.export import bpe
+from attnserve.export.architectures import load_checkpoint
 from attnserve.export.model import Transformer, TransformerConfig
 
 OPSET = 17
@@ -156,12 +157,44 @@ def build_manifest(cfg: TransformerConfig, tokenizer: Tokenizer, name: str, vers
         }
         for src, dst in zip(kv_names("past_key_values", "decoder", layers), kv_names("present", "decoder", layers))
     ]
+    return translation_manifest(
+        tokenizer,
+        name,
+        version,
+        description=extra.pop("description", "Traditional Chinese <-> English Transformer"),
+        attention={"output": "cross_attentions", "layers": layers, "heads": cfg.heads},
+        decoder_inputs={
+            "input_ids": "input_ids",
+            "position_ids": "position_ids",
+            "self_attention_mask": "decoder_attention_mask",
+        },
+        static=static,
+        state=state,
+        model_config=dataclasses.asdict(cfg),
+        **extra,
+    )
+
+
+def translation_manifest(
+    tokenizer: Tokenizer,
+    name: str,
+    version: int,
+    description: str,
+    attention: dict,
+    decoder_inputs: dict,
+    static: list[dict],
+    state: list[dict],
+    model_config: dict,
+    **extra,
+) -> dict:
+    """What every zh-TW <-> en translator's manifest shares around its architecture-specific parts."""
+    max_positions = model_config["max_positions"]
     return {
         "format_version": 1,
         "name": name,
         "version": version,
         "task": "translation",
-        "description": extra.get("description", "Traditional Chinese <-> English Transformer"),
+        "description": description,
         "languages": {"source": ["en", "zh-TW"], "target": ["en", "zh-TW"]},
         "tokenizer": {"file": "tokenizer.json", "word_boundary": "metaspace-cjk"},
         "special_tokens": {
@@ -172,50 +205,36 @@ def build_manifest(cfg: TransformerConfig, tokenizer: Tokenizer, name: str, vers
         },
         "decoder_start": bpe.language_token_ids(tokenizer),
         "limits": {
-            "max_source_tokens": extra.get("max_source_tokens", cfg.max_positions // 2),
-            "max_new_tokens": extra.get("max_new_tokens", cfg.max_positions // 2),
+            "max_source_tokens": extra.get("max_source_tokens", max_positions // 2),
+            "max_new_tokens": extra.get("max_new_tokens", max_positions // 2),
         },
-        "attention": {
-            "output": "cross_attentions",
-            "layers": layers,
-            "heads": cfg.heads,
-            "default_layer": extra.get("attention_layer", -1),
-        },
+        "attention": {**attention, "default_layer": extra.get("attention_layer", -1)},
         "encoder": {"file": "encoder.onnx", "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask"}},
-        "decoder": {
-            "file": "decoder.onnx",
-            "inputs": {
-                "input_ids": "input_ids",
-                "position_ids": "position_ids",
-                "self_attention_mask": "decoder_attention_mask",
-            },
-            "outputs": {"logits": "logits"},
-        },
+        "decoder": {"file": "decoder.onnx", "inputs": decoder_inputs, "outputs": {"logits": "logits"}},
         "static": static,
         "state": state,
-        "model_config": dataclasses.asdict(cfg),
+        "model_config": model_config,
     }
 
 
 def export_model(
-    model: Transformer, tokenizer: Tokenizer, out_dir: pathlib.Path, name: str, version: int, **extra
+    model: torch.nn.Module, tokenizer: Tokenizer, out_dir: pathlib.Path, name: str, version: int, **extra
 ) -> pathlib.Path:
-    """Writes the whole version folder and returns it."""
+    """Writes the whole version folder of a Transformer or a recurrent translator and returns it."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    export_graphs(model, out_dir)
+    if isinstance(model, Transformer):
+        export_graphs(model, out_dir)
+        manifest = build_manifest(model.cfg, tokenizer, name, version, **extra)
+    else:
+        # Imported here: the recurrent exporter builds on this module's shared manifest fields.
+        from attnserve.export import recurrent_export
+
+        recurrent_export.export_graphs(model, out_dir)
+        manifest = recurrent_export.build_manifest(model.cfg, tokenizer, name, version, **extra)
     tokenizer.save(str(out_dir / "tokenizer.json"))
-    manifest = build_manifest(model.cfg, tokenizer, name, version, **extra)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return out_dir
-
-
-def load_checkpoint(path: pathlib.Path) -> tuple[Transformer, Tokenizer]:
-    """Loads a training checkpoint (model weights + config + tokenizer JSON) for export or evaluation."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    model = Transformer(TransformerConfig(**ckpt["config"]))
-    model.load_state_dict({k: v.float() for k, v in ckpt["model"].items()})
-    return model.eval(), Tokenizer.from_str(ckpt["tokenizer"])
 
 
 def main() -> None:

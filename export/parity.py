@@ -1,5 +1,6 @@
 """How far the exported graphs are from the PyTorch model they came from: the max absolute difference of
-every output, over a few batch sizes, source lengths and cache lengths unlike the export example's.
+every output, over a few batch sizes, source lengths and cache lengths unlike the export example's
+(the recurrent translator has no cache: its decoder state is random instead).
 
     python -m attnserve.export.parity --checkpoint RUN/best.pt --model-dir models/translate-zh-en/1
 """
@@ -15,8 +16,11 @@ import onnxruntime as ort
 import torch
 
 from attnserve.export import bpe
+from attnserve.export import recurrent_export
 from attnserve.export.model import Transformer
-from attnserve.export.onnx_export import graph_names, load_checkpoint
+from attnserve.export.recurrent import RecurrentTranslator
+from attnserve.export.architectures import load_checkpoint
+from attnserve.export.onnx_export import graph_names
 
 # (batch, source length, cache length): batch 1 and > 1, an empty cache and a long one.
 CASES = [(1, 5, 0), (1, 31, 12), (6, 17, 0), (6, 40, 25)]
@@ -59,7 +63,28 @@ def case_differences(model: Transformer, encoder, decoder, batch: int, length: i
     return diffs
 
 
-def max_abs_differences(model: Transformer, model_dir: pathlib.Path, seed: int = 0) -> dict[str, float]:
+def recurrent_case_differences(model: RecurrentTranslator, encoder, decoder, batch: int, length: int, _past, rng):
+    """As case_differences for the recurrent translator: its state is random, not a cache of some length."""
+    cfg = model.cfg
+    ids, mask = _source(cfg.vocab_size, batch, length, rng)
+    onnx_enc = encoder.run(None, {"input_ids": ids, "attention_mask": mask})
+    t = torch.from_numpy
+    with torch.no_grad():
+        torch_enc = model.encode(t(ids), t(mask))
+    diffs = {n: float(np.abs(o - p.numpy()).max()) for n, o, p in zip(recurrent_export.ENCODER_OUTPUTS, onnx_enc, torch_enc)}
+
+    state = [rng.standard_normal((batch, getattr(cfg, width))).astype(np.float32) for *_, width in recurrent_export.STATE]
+    token = rng.integers(6, cfg.vocab_size, (batch, 1)).astype(np.int64)
+    memory, keys = onnx_enc[:2]
+    onnx_dec = decoder.run(None, dict(zip(recurrent_export.DECODER_INPUTS, [token, mask, memory, keys, *state])))
+    with torch.no_grad():
+        torch_dec = model.decode_step(t(token[:, 0]), *map(t, state), t(memory), t(keys), t(mask))
+    torch_dec = list(torch_dec[:4]) + [torch_dec[4][:, None, None, :]]
+    diffs.update({n: float(np.abs(o - p.numpy()).max()) for n, o, p in zip(recurrent_export.DECODER_OUTPUTS, onnx_dec, torch_dec)})
+    return diffs
+
+
+def max_abs_differences(model: torch.nn.Module, model_dir: pathlib.Path, seed: int = 0) -> dict[str, float]:
     """Per output name, the largest |ONNX Runtime - PyTorch| over CASES."""
     model = model.eval()
     options = ort.SessionOptions()
@@ -67,9 +92,10 @@ def max_abs_differences(model: Transformer, model_dir: pathlib.Path, seed: int =
     encoder = ort.InferenceSession(str(model_dir / "encoder.onnx"), options, providers=["CPUExecutionProvider"])
     decoder = ort.InferenceSession(str(model_dir / "decoder.onnx"), options, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(seed)
+    differences = recurrent_case_differences if isinstance(model, RecurrentTranslator) else case_differences
     worst: dict[str, float] = {}
     for batch, length, past in CASES:
-        for name, diff in case_differences(model, encoder, decoder, batch, length, past, rng).items():
+        for name, diff in differences(model, encoder, decoder, batch, length, past, rng).items():
             worst[name] = max(worst.get(name, 0.0), diff)
     return worst
 

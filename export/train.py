@@ -1,10 +1,13 @@
-"""Trains the bidirectional zh-TW <-> en Transformer on data/corpus (built by attnserve.export.corpus.build).
+"""Trains a bidirectional zh-TW <-> en translator on data/corpus (built by attnserve.export.corpus.build):
+the Transformer (`--arch transformer`, the default) or the recurrent translator (`--arch recurrent`).
 
 Seeded, resumable (the run folder keeps `last.pt`; rerunning the same command continues from it), logs to
 `<run>/train.log`. One model serves both directions: every pair gives an en->zh and a zh->en example, and
 the decoder starts with the target-language token.
 
     python -m attnserve.export.train --corpus data/corpus --run ~/.cache/attnserve/runs/zh-en --minutes 90
+    python -m attnserve.export.train --arch recurrent --tokenizer models/translate-zh-en/1/tokenizer.json \
+        --corpus data/corpus --run ~/.cache/attnserve/runs/zh-en-rnn --minutes 90
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from attnserve.export import bpe
-from attnserve.export.model import Transformer, TransformerConfig
+from attnserve.export.architectures import build_model, checkpoint_fields
+from attnserve.export.recurrent import ATTENTION_SCORES
 
 log = logging.getLogger("attnserve.train")
 
@@ -138,10 +142,16 @@ def inverse_sqrt(step: int, opts: TrainOptions) -> float:
     return opts.lr * min(step / opts.warmup_steps, math.sqrt(opts.warmup_steps / step))
 
 
-def load_or_train_tokenizer(run: pathlib.Path, train_pairs, vocab_size: int) -> Tokenizer:
+def load_or_train_tokenizer(run: pathlib.Path, train_pairs, vocab_size: int, given: pathlib.Path | None) -> Tokenizer:
+    """The run's tokenizer: kept from an earlier start, else copied from `given`, else trained on the pairs."""
     path = run / "tokenizer.json"
     if path.exists():
         return Tokenizer.from_file(str(path))
+    if given is not None:
+        # Sharing another model's vocabulary makes two models comparable token for token.
+        tokenizer = Tokenizer.from_file(str(given))
+        tokenizer.save(str(path))
+        return tokenizer
     texts = [text for pair in train_pairs for text in pair]
     tokenizer = bpe.train_tokenizer(texts, vocab_size)
     tokenizer.save(str(path))
@@ -154,7 +164,7 @@ def save_checkpoint(path, model, optimizer, state: dict, tokenizer: Tokenizer) -
         {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
-            "config": dataclasses.asdict(model.cfg),
+            **checkpoint_fields(model),
             "tokenizer": tokenizer.to_str(),
             "state": state,
             "rng": torch.get_rng_state(),
@@ -164,11 +174,19 @@ def save_checkpoint(path, model, optimizer, state: dict, tokenizer: Tokenizer) -
     tmp.replace(path)  # atomic: a kill mid-save never leaves a broken checkpoint
 
 
-def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, model_cfg: dict, opts: TrainOptions) -> None:
+def train(
+    corpus: pathlib.Path,
+    run: pathlib.Path,
+    minutes: float,
+    arch: str,
+    model_cfg: dict,
+    opts: TrainOptions,
+    tokenizer_file: pathlib.Path | None = None,
+) -> None:
     run.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(opts.seed)
     train_pairs = read_pairs(corpus / "train.tsv")
-    tokenizer = load_or_train_tokenizer(run, train_pairs, opts.vocab_size)
+    tokenizer = load_or_train_tokenizer(run, train_pairs, opts.vocab_size, tokenizer_file)
     if opts.upsample:
         families = [line.split("/")[0] for line in (corpus / "train.source").read_text().splitlines()]
         train_pairs = upsample_pairs(train_pairs, families, dict(opts.upsample))
@@ -176,8 +194,8 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, model_cfg: di
     dev_examples = make_examples(read_pairs(corpus / "dev.tsv"), tokenizer, opts.max_tokens)
     log.info("train examples %d (both directions), dev %d", len(examples), len(dev_examples))
 
-    cfg = TransformerConfig(vocab_size=tokenizer.get_vocab_size(), **model_cfg)
-    model = Transformer(cfg)
+    model = build_model(arch, {"vocab_size": tokenizer.get_vocab_size(), **model_cfg})
+    cfg = model.cfg
     optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0)
     state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "tokens": 0, "seconds": 0.0, "best_dev": float("inf")}
     last = run / "last.pt"
@@ -250,10 +268,18 @@ def main() -> None:
     parser.add_argument("--run", type=pathlib.Path, default=pathlib.Path.home() / ".cache/attnserve/runs/zh-en")
     parser.add_argument("--minutes", type=float, default=60.0, help="stop (with a checkpoint) after this long")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--d-ff", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
+    parser.add_argument("--arch", choices=["transformer", "recurrent"], default="transformer")
+    parser.add_argument(
+        "--tokenizer", type=pathlib.Path, help="use this tokenizer.json (e.g. another model's) instead of training one"
+    )
+    parser.add_argument("--d-model", type=int, default=256, help="transformer width; recurrent embedding width")
+    parser.add_argument("--heads", type=int, default=4, help="transformer only")
+    parser.add_argument("--d-ff", type=int, default=1024, help="transformer only")
+    parser.add_argument("--layers", type=int, default=3, help="transformer: encoder and decoder layers each")
+    parser.add_argument("--encoder-layers", type=int, default=2, help="recurrent: bidirectional LSTM layers")
+    parser.add_argument("--encoder-hidden", type=int, default=256, help="recurrent: units per direction")
+    parser.add_argument("--decoder-hidden", type=int, default=512, help="recurrent: decoder LSTM units")
+    parser.add_argument("--attention", choices=ATTENTION_SCORES, default="additive", help="recurrent: score")
     parser.add_argument("--batch-tokens", type=int, default=TrainOptions.batch_tokens)
     parser.add_argument("--lr", type=float, default=TrainOptions.lr)
     parser.add_argument(
@@ -268,17 +294,26 @@ def main() -> None:
         handlers=[logging.FileHandler(args.run / "train.log"), logging.StreamHandler()],
     )
     torch.set_num_threads(args.threads)
-    model_cfg = {
-        "d_model": args.d_model,
-        "heads": args.heads,
-        "d_ff": args.d_ff,
-        "encoder_layers": args.layers,
-        "decoder_layers": args.layers,
-        "max_positions": 512,
-    }
+    if args.arch == "transformer":
+        model_cfg = {
+            "d_model": args.d_model,
+            "heads": args.heads,
+            "d_ff": args.d_ff,
+            "encoder_layers": args.layers,
+            "decoder_layers": args.layers,
+            "max_positions": 512,
+        }
+    else:
+        model_cfg = {
+            "embed_dim": args.d_model,
+            "encoder_layers": args.encoder_layers,
+            "encoder_hidden": args.encoder_hidden,
+            "decoder_hidden": args.decoder_hidden,
+            "attention": args.attention,
+        }
     upsample = tuple((family, int(n)) for family, _, n in (u.partition("=") for u in args.upsample))
     opts = TrainOptions(batch_tokens=args.batch_tokens, lr=args.lr, upsample=upsample)
-    train(args.corpus, args.run, args.minutes, model_cfg, opts)
+    train(args.corpus, args.run, args.minutes, args.arch, model_cfg, opts, args.tokenizer)
 
 
 if __name__ == "__main__":

@@ -109,3 +109,45 @@ def tiny_server(tiny_model_repo):
     engines = app.load_engines(app.ServeOptions(models=str(tiny_model_repo)))
     with app.BackgroundServer(engines) as background:
         yield background, engines
+
+
+TINY_RECURRENT_NAME = "tiny-recurrent"
+
+
+@pytest.fixture(scope="session")
+def tiny_recurrent_model(tiny_tokenizer):
+    """A small BiLSTM + attentional LSTM translator with random weights (seeded), in eval mode."""
+    import torch
+
+    from attnserve.export.recurrent import RecurrentConfig, RecurrentTranslator
+
+    torch.manual_seed(0)
+    cfg = RecurrentConfig(
+        vocab_size=tiny_tokenizer.get_vocab_size(),
+        embed_dim=24,
+        encoder_hidden=16,
+        decoder_hidden=32,
+        attention_dim=12,
+        dropout=0.0,
+        max_positions=128,
+    )
+    return RecurrentTranslator(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_recurrent_dir(tmp_path_factory, tiny_recurrent_model, tiny_tokenizer) -> pathlib.Path:
+    """The tiny recurrent model exported as `tiny-recurrent` version 1 in a repository of its own."""
+    from attnserve.export.onnx_export import export_model
+
+    repo = tmp_path_factory.mktemp("recurrent_repo")
+    return export_model(
+        tiny_recurrent_model,
+        tiny_tokenizer,
+        repo / TINY_RECURRENT_NAME / "1",
+        TINY_RECURRENT_NAME,
+        1,
+        max_source_tokens=48,
+        max_new_tokens=40,
+        description="random-weight recurrent test model",
+        suppress_ids=[],  # as for the tiny Transformer: random weights need the tags to stop repeating
+    )
