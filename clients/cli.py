@@ -1,7 +1,8 @@
-"""The `attnserve` command: run a server, translate through one, list its models.
+"""The `attnserve` command: run a server, translate through one, compare its models, list them.
 
     attnserve serve --port 50051 --models models/
     attnserve translate "我愛你" --to en --attention
+    attnserve compare "我愛你" --models translate-zh-en,translate-zh-en-rnn
     attnserve models
 
 Only `serve` needs the serving core (ONNX Runtime); it is imported when that subcommand runs.
@@ -10,24 +11,26 @@ Only `serve` needs the serving core (ONNX Runtime); it is imported when that sub
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import enum
 import json
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 
-from attnserve.clients import heatmap
+from attnserve.clients import comparison, heatmap
 from attnserve.clients.client import DEFAULT_ADDRESS, DEFAULT_MODEL, AttnServeError, Client, translation_request
 from attnserve.server import convert
-from attnserve.server.generation import GenerationResult
+from attnserve.server.generation import GenerationRequest, GenerationResult
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status (also used by the console script)."""
     args = _parser().parse_args(argv)
     try:
-        args.run(args)
+        status = args.run(args) or 0  # a command that printed a partial failure returns 1
         sys.stdout.flush()  # a closed pipe shows here, not as an "Exception ignored" at exit
     except AttnServeError as exc:
         print(f"error: {exc.code.name}: {exc.details}", file=sys.stderr)
@@ -38,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
+    return status
 
 
 def _discard_stdout() -> None:
@@ -68,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
 
     translate = commands.add_parser("translate", help="translate text and optionally show the attention")
     translate.add_argument("text")
-    translate.add_argument(
+    translate_to = translate.add_argument(
         "--to", help="target language, en or zh-TW (default: en for text with Chinese characters, else zh-TW)"
     )
     translate.add_argument("--attention", action="store_true", help="also draw the attention heatmap")
@@ -85,6 +88,21 @@ def _parser() -> argparse.ArgumentParser:
     translate.add_argument("--stream", action="store_true", help="print the output as it is decoded")
     _add_address(translate)
     translate.set_defaults(run=_translate, granularity="words")
+
+    compare = commands.add_parser(
+        "compare", help="translate with several models and show their attention heatmaps side by side"
+    )
+    compare.add_argument("text")
+    compare.add_argument("--to", help=translate_to.help)
+    compare.add_argument(
+        "--models", help="comma-separated model names, two or more (default: every served translation model)"
+    )
+    grouping = compare.add_mutually_exclusive_group()
+    grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
+    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
+    compare.add_argument("--json", action="store_true", help="print every model's whole response, keyed by model")
+    _add_address(compare)
+    compare.set_defaults(run=_compare, granularity="words")
 
     models = commands.add_parser("models", help="list the served models")
     _add_address(models)
@@ -154,6 +172,61 @@ def _print_stream(client: Client, request) -> GenerationResult:
             return event
         print(event.text, end="", flush=True)
     raise RuntimeError("the stream ended without a final response")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    target = args.to or default_target(args.text)
+    with Client(args.address) as client:
+        names = _compared_models(args.models, client, args.address)
+        requests = [
+            translation_request(args.text, to=target, attention=True, granularity=args.granularity, model=name)
+            for name in names
+        ]
+        outcomes = _generate_each(client, requests)
+    if args.json:
+        results = {o.model: _error_json(o.error) if o.error else dataclasses.asdict(o.result) for o in outcomes}
+        print(json.dumps(results, default=_enum_value, ensure_ascii=False, indent=2))
+    else:
+        width = shutil.get_terminal_size().columns  # COLUMNS when set, else the terminal's, else 80
+        print("\n".join(comparison.render(outcomes, width, color=sys.stdout.isatty())))
+    return 1 if any(o.error is not None for o in outcomes) else 0
+
+
+def _compared_models(option: str | None, client: Client, address: str) -> list[str]:
+    """The models `--models` names, else every served translation model; two or more, each once."""
+    if option is not None:
+        names = [name.strip() for name in option.split(",") if name.strip()]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise SystemExit(f"error: --models names {', '.join(repeated)} more than once; name each model once")
+        if len(names) < 2:
+            raise SystemExit(f"error: compare needs two or more models; --models names {', '.join(names) or 'none'}")
+        return names
+    names = [info.name for info in client.list_models() if info.task == "translation"]
+    if len(names) < 2:
+        served = f"only {names[0]}" if names else "none"
+        raise SystemExit(f"error: compare needs two or more translation models; {address} serves {served}")
+    return names
+
+
+def _generate_each(client: Client, requests: list[GenerationRequest]) -> list[comparison.Outcome]:
+    """Runs the requests concurrently (each model has its own worker on the server); a failure stays its own."""
+    workers = concurrent.futures.ThreadPoolExecutor(len(requests))
+    try:
+        futures = [workers.submit(client.generate, request) for request in requests]
+        outcomes = []
+        for request, future in zip(requests, futures):
+            try:
+                outcomes.append(comparison.Outcome(request.model, result=future.result()))
+            except AttnServeError as exc:
+                outcomes.append(comparison.Outcome(request.model, error=exc))
+        return outcomes
+    finally:
+        workers.shutdown(wait=False, cancel_futures=True)  # on Ctrl+C, closing the client ends the calls
+
+
+def _error_json(error: AttnServeError) -> dict:
+    return {"error": {"code": error.code.name, "message": error.details}}
 
 
 def _models(args: argparse.Namespace) -> None:

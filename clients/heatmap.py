@@ -4,7 +4,7 @@ Rows are output tokens (or words), columns source tokens (or words). Each cell i
 wide, so a CJK character (double width) fits a column label exactly; column labels are written
 vertically, one character per line. Matrices wider than the terminal are split into blocks of columns.
 Shades are scaled to the largest weight of the matrix: 256-colour grey backgrounds on a terminal, shade
-characters otherwise.
+characters otherwise. `side_by_side` sets rendered blocks of lines next to each other (`attnserve compare`).
 
 Example:
     print(heatmap.render(result.attention))
@@ -12,9 +12,11 @@ Example:
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import unicodedata
+from collections.abc import Sequence
 
 from attnserve.server.generation import AttentionMatrix
 
@@ -24,6 +26,7 @@ _MAX_ROW_LABEL = 16  # terminal columns; longer row labels are cut with "…"
 _MAX_COL_LABEL = 8  # characters written vertically; longer column labels are cut with "…"
 _GREYS = range(232, 256)  # the 256-colour palette's grey ramp, black to white
 _RESET = "\x1b[0m"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colour escapes `render` writes; they take no terminal columns
 
 
 def render(matrix: AttentionMatrix, color: bool | None = None, width: int | None = None) -> str:
@@ -37,8 +40,20 @@ def render(matrix: AttentionMatrix, color: bool | None = None, width: int | None
     Returns:
         The heatmap, lines joined by "\\n", ending with a scale legend and the matrix's reduction.
     """
+    return "\n".join(render_lines(matrix, color, width))
+
+
+def render_lines(
+    matrix: AttentionMatrix, color: bool | None = None, width: int | None = None, *, narrow_legend: bool = False
+) -> list[str]:
+    """`render`'s lines (without newlines), for layouts that place the heatmap among other text.
+
+    Args:
+        matrix, color, width: as for `render`.
+        narrow_legend: write the scale legend on two lines, half as wide, for heatmaps set side by side.
+    """
     if not matrix.row_labels or not matrix.col_labels:
-        return "(empty attention matrix)"
+        return ["(empty attention matrix)"]
     if color is None:
         color = sys.stdout.isatty()
     if width is None:
@@ -58,14 +73,36 @@ def render(matrix: AttentionMatrix, color: bool | None = None, width: int | None
             cells = "".join(_cell(row[c] / peak, color) for c in block)
             lines.append(f"{_fit(label, label_width)} {cells}{_RESET if color else ''}")
         lines.append("")
-    lines.append(_legend(peak, color))
+    lines += _legend(peak, color, narrow_legend)
     lines.append(matrix.reduction)
-    return "\n".join(lines)
+    return lines
+
+
+def side_by_side(blocks: Sequence[Sequence[str]], gap: int = 4) -> list[str]:
+    """Sets blocks of lines next to each other, top-aligned, `gap` spaces apart.
+
+    Each block is padded to its widest line in terminal columns (CJK characters count two, colour
+    escapes none), so every block starts at the same column on every line; shorter blocks end in blank
+    lines. Trailing spaces are dropped.
+
+    Returns:
+        The combined lines, as many as the tallest block has.
+    """
+    widths = [max((display_width(line) for line in block), default=0) for block in blocks]
+    height = max((len(block) for block in blocks), default=0)
+    lines = []
+    for index in range(height):
+        parts = []
+        for block, block_width in zip(blocks, widths):
+            line = block[index] if index < len(block) else ""
+            parts.append(line + " " * (block_width - display_width(line)))
+        lines.append((" " * gap).join(parts).rstrip(" "))
+    return lines
 
 
 def display_width(text: str) -> int:
-    """Terminal columns `text` takes: 2 per wide (CJK) character, 0 per combining mark, else 1."""
-    return sum(_char_width(ch) for ch in text)
+    """Terminal columns `text` takes: 2 per wide (CJK) character, 0 per combining mark or colour escape, else 1."""
+    return sum(_char_width(ch) for ch in _ANSI.sub("", text))
 
 
 def _char_width(ch: str) -> int:
@@ -127,7 +164,10 @@ def _cell(fraction: float, color: bool) -> str:
     return SHADES[round(fraction * (len(SHADES) - 1))] * _CELL
 
 
-def _legend(peak: float, color: bool) -> str:
+def _legend(peak: float, color: bool, narrow: bool = False) -> list[str]:
     steps = [i / (len(SHADES) - 1) for i in range(1, len(SHADES))]
-    swatches = " ".join(f"{_cell(step, color)}{_RESET if color else ''} {step * peak:.2f}" for step in steps)
-    return f"scale: {swatches}  (max {peak:.2f})"
+    swatches = [f"{_cell(step, color)}{_RESET if color else ''} {step * peak:.2f}" for step in steps]
+    if narrow:  # the last swatch is the maximum, so "(max ...)" adds nothing there
+        half = len(swatches) // 2
+        return ["scale: " + " ".join(swatches[:half]), "       " + " ".join(swatches[half:])]
+    return [f"scale: {' '.join(swatches)}  (max {peak:.2f})"]

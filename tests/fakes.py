@@ -7,6 +7,7 @@ sys.path, as it has no __init__.py).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import pathlib
 import threading
 
@@ -113,6 +114,34 @@ class FakeEngine:
             timings=generation.Timings(0.001, 0.002, 0.003, 0.004, 0.01, 1),
         )
 
+
+
+class FakeCopyEngine(FakeEngine):
+    """A second fake architecture, for comparisons: "translates" by copying its input, not reversing it.
+
+    Each output character attends to its own source character (a monotonic diagonal, as a recurrent
+    model's Bahdanau attention often is) and the matrix names its own reduction. Streamed tokens still arrive in
+    FakeEngine's (reversed) order; the final result is the copy.
+    """
+
+    REDUCTION = "layer 0 of 1, Bahdanau (additive), fake"
+
+    def __init__(self, name: str = "fake-copy"):
+        super().__init__(name)
+        self.info = dataclasses.replace(self.info, description="copies its input", attention_layers=1)
+
+    def _generate(self, request, on_token, stop: threading.Event) -> GenerationResult:
+        result = super()._generate(request, on_token, stop)
+        attention = result.attention
+        if attention is not None:
+            attention = dataclasses.replace(
+                attention,
+                weights=attention.weights[::-1],
+                row_labels=attention.row_labels[::-1],
+                layer=0,
+                reduction=self.REDUCTION,
+            )
+        return dataclasses.replace(result, text=result.text[::-1], tokens=result.tokens[::-1], attention=attention)
 
 class RecordingRuntime:
     """Wraps a `runtime.Runtime`: records which rows every decoder call ran, and can hold a call.
