@@ -78,13 +78,25 @@ def everyday_share(stats: dict) -> float:
     return train["by_family"].get("hsk", 0) / train["pairs"]
 
 
-def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path) -> str:
-    cfg, state = checkpoint["config"], checkpoint["state"]
-    params = sum(v.numel() for v in checkpoint["model"].values())
-    manifest = json.loads((model_dir / "manifest.json").read_text())
-    lines = [
-        f"# {manifest['name']} (version {manifest['version']})",
-        "",
+def model_lines(arch: str, cfg: dict, params: int) -> list[str]:
+    """The card's opening paragraph and its architecture line, per model family."""
+    if arch == "recurrent":
+        score = {"additive": "additive (Bahdanau et al. 2015)", "multiplicative": "multiplicative (Luong et al. 2015)"}
+        return [
+            "A recurrent encoder-decoder with attention translating Traditional Chinese (zh-TW) ⇄ English with one",
+            "model: the lectures' first step, served beside the Transformer on the same corpus and BPE vocabulary.",
+            "The decoder starts with the target-language token. Exported to ONNX with its LSTM state replaced every",
+            "step and the step's attention as output (docs/model-contract.md). Trained from scratch here, on 2 CPU cores.",
+            "",
+            "## Model",
+            f"- Encoder: {cfg['encoder_layers']} bidirectional LSTM layers of {cfg['encoder_hidden']} units per"
+            f" direction. Decoder: one LSTM of {cfg['decoder_hidden']} units with {score[cfg['attention']]}"
+            f" attention over the encoder states and input feeding of the attentional vector (width"
+            f" {cfg['embed_dim']}, tied to the embeddings); shared BPE vocabulary of {cfg['vocab_size']:,} pieces;"
+            f" {params / 1e6:.2f}M parameters. One attention layer with one head: the weights served are the ones"
+            " the decoder used.",
+        ]
+    return [
         "A Transformer (Vaswani et al. 2017) translating Traditional Chinese (zh-TW) ⇄ English with one model:",
         "the decoder starts with the target-language token. Exported to ONNX with a KV cache and per-step",
         "cross-attention output (docs/model-contract.md). Trained from scratch here, on 2 CPU cores.",
@@ -93,6 +105,17 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path)
         f"- {cfg['encoder_layers']}+{cfg['decoder_layers']} layers, d_model {cfg['d_model']}, {cfg['heads']} heads,"
         f" d_ff {cfg['d_ff']}, pre-layer-norm, tied embeddings, shared BPE vocabulary of {cfg['vocab_size']:,}"
         f" pieces; {params / 1e6:.2f}M parameters.",
+    ]
+
+
+def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path) -> str:
+    cfg, state = checkpoint["config"], checkpoint["state"]
+    params = sum(v.numel() for v in checkpoint["model"].values())
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    lines = [
+        f"# {manifest['name']} (version {manifest['version']})",
+        "",
+        *model_lines(checkpoint.get("arch", "transformer"), cfg, params),
         f"- Limits: {manifest['limits']['max_source_tokens']} source tokens, {manifest['limits']['max_new_tokens']}"
         " new tokens. Greedy and beam search.",
         "",
