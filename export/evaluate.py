@@ -46,23 +46,35 @@ def translate_served(
     repository: pathlib.Path, name: str, texts: list[str], target: str, max_new: int = 128, beam_size: int = 1
 ) -> list[str]:
     """The same translations through the serving engine (ONNX Runtime, dynamic batching), in input order."""
-    from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.engine import load_engines
-    from attnserve.server.generation import DecodingOptions, GenerationRequest
-    from attnserve.server.runtime import RuntimeOptions
-
-    engine = load_engines(repository, RuntimeOptions(), BatchingOptions()).get(name)
+    engine = open_engine(repository, name)
     try:
-        results = []
-        for begin in range(0, len(texts), 128):  # stay under the batcher's queue bound
-            futures = [
-                engine.submit(GenerationRequest(name, text, target, DecodingOptions(max_new, beam_size)))
-                for text in texts[begin : begin + 128]
-            ]
-            results += [f.result().text for f in futures]
-        return results
+        return translate_with(engine, texts, target, max_new, beam_size)
     finally:
         engine.close()
+
+
+def open_engine(repository: pathlib.Path, name: str):
+    """One served model of a repository, as `attnserve serve` runs it (only that model is loaded)."""
+    from attnserve.server.batcher import BatchingOptions
+    from attnserve.server.engine import load_engine
+    from attnserve.server.repository import find_models
+    from attnserve.server.runtime import RuntimeOptions
+
+    return load_engine(find_models(repository)[name], RuntimeOptions(), BatchingOptions())
+
+
+def translate_with(engine, texts: list[str], target: str, max_new: int = 128, beam_size: int = 1) -> list[str]:
+    """Translations by an open engine, in input order."""
+    from attnserve.server.generation import DecodingOptions, GenerationRequest
+
+    name, results = engine.manifest.name, []
+    for begin in range(0, len(texts), 128):  # stay under the batcher's queue bound
+        futures = [
+            engine.submit(GenerationRequest(name, text, target, DecodingOptions(max_new, beam_size)))
+            for text in texts[begin : begin + 128]
+        ]
+        results += [f.result().text for f in futures]
+    return results
 
 
 def score(hypotheses: list[str], references: list[str], target: str) -> dict:

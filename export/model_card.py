@@ -1,7 +1,9 @@
 """Writes a model card (README.md next to the version folders) from what was measured, not typed by hand.
 
     python -m attnserve.export.model_card --checkpoint RUN/best.pt --scores scores.json \\
-        --corpus-stats data/corpus/stats.json --model-dir models/translate-zh-en/1
+        --corpus-stats data/corpus/stats.json --model-dir models/translate-zh-en/1 [--alignment alignment.json]
+
+Without --checkpoint, --alignment alone rewrites just the alignment section of an existing card.
 """
 
 from __future__ import annotations
@@ -108,6 +110,46 @@ def model_lines(arch: str, cfg: dict, params: int) -> list[str]:
     ]
 
 
+ALIGNMENT_TITLE = "## Attention alignment"
+
+
+def alignment_lines(report: dict, name: str) -> list[str]:
+    """The card's section on how well the served attention points at the right source word."""
+    model = report["models"][name]
+    directions = list(model["directions"])
+    lines = [
+        ALIGNMENT_TITLE,
+        "",
+        f"Measured by `python -m attnserve.export.alignment` on {report['pairs']:,} test pairs: for each output word",
+        "with a single clear CC-CEDICT translation in the source, is the most-attended source word (`</s>`",
+        "excluded) that translation? Word-level attention, mean over heads, greedy output.",
+        "",
+        "| layer | " + " | ".join(directions) + " |",
+        "|---|" + "---|" * len(directions),
+    ]
+    for layer in range(model["attention_layers"]):
+        served = " (served by default)" if layer == model["default_layer"] else ""
+        cells = [f"{model['directions'][d]['layers'][layer]['accuracy']:.3f}" for d in directions]
+        lines.append(f"| {layer}{served} | " + " | ".join(cells) + " |")
+    lines.append("| diagonal baseline | " + " | ".join(
+        f"{model['directions'][d]['diagonal']['accuracy']:.3f}" for d in directions) + " |")
+    lines.append("| chance | " + " | ".join(f"{model['directions'][d]['chance']:.3f}" for d in directions) + " |")
+    items = ", ".join(f"{d}: {model['directions'][d]['gold_items']:,}" for d in directions)
+    return lines + ["", f"Gold items: {items}.", ""]
+
+
+def with_section(card: str, lines: list[str]) -> str:
+    """The card with the section titled lines[0] replaced, or inserted before "## Files" when absent."""
+    title = lines[0]
+    text = "\n".join(lines) + "\n"
+    if title in card:
+        start = card.index(title)
+        end = card.find("\n## ", start + len(title))
+        return card[:start] + text + (card[end + 1 :] if end != -1 else "")
+    at = card.find("## Files")
+    return card + "\n" + text if at == -1 else card[:at] + text + card[at:]
+
+
 def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path) -> str:
     cfg, state = checkpoint["config"], checkpoint["state"]
     params = sum(v.numel() for v in checkpoint["model"].values())
@@ -155,19 +197,30 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=pathlib.Path, required=True)
-    parser.add_argument("--scores", type=pathlib.Path, required=True, help="output of attnserve.export.evaluate")
-    parser.add_argument("--corpus-stats", type=pathlib.Path, required=True)
+    parser.add_argument("--checkpoint", type=pathlib.Path)
+    parser.add_argument("--scores", type=pathlib.Path, help="output of attnserve.export.evaluate")
+    parser.add_argument("--corpus-stats", type=pathlib.Path)
     parser.add_argument("--model-dir", type=pathlib.Path, required=True, help="the exported version folder")
+    parser.add_argument("--alignment", type=pathlib.Path, help="output of attnserve.export.alignment --out")
     args = parser.parse_args()
-    checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
-    card = render(
-        checkpoint,
-        json.loads(args.scores.read_text()),
-        json.loads(args.corpus_stats.read_text()),
-        args.model_dir,
-    )
     out = args.model_dir.parent / "README.md"
+    if args.checkpoint:
+        if not (args.scores and args.corpus_stats):
+            parser.error("--checkpoint needs --scores and --corpus-stats")
+        checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+        card = render(
+            checkpoint,
+            json.loads(args.scores.read_text()),
+            json.loads(args.corpus_stats.read_text()),
+            args.model_dir,
+        )
+    elif args.alignment:
+        card = out.read_text()
+    else:
+        parser.error("give --checkpoint (a whole card) or --alignment (its alignment section)")
+    if args.alignment:
+        name = json.loads((args.model_dir / "manifest.json").read_text())["name"]
+        card = with_section(card, alignment_lines(json.loads(args.alignment.read_text()), name))
     out.write_text(card)
     print(f"wrote {out}")
 
