@@ -27,6 +27,7 @@ from attnserve.server.batcher import BatchingOptions
 from attnserve.server.decoding import Batch, GreedySearch, PreparedRequest, decode
 from attnserve.server.engine import ModelEngine, load_engine
 from attnserve.server.generation import DecodingOptions, GenerationRequest
+from attnserve.server.preprocessing import TextSource
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 
@@ -58,13 +59,13 @@ def tokens_per_second(engine: ModelEngine, batch: list[GenerationRequest], toget
 
 def step_times(engine: ModelEngine, rows: int, steps: int = 256) -> dict[str, float]:
     """Median decoder-step milliseconds per position bucket, `rows` copies of one sentence, never stopping."""
-    source = tuple(engine.tokenizer.encode(LONG_SENTENCE))
+    source = TextSource(tuple(engine.tokenizer.encode(LONG_SENTENCE)))
     start = engine.manifest.decoder_start["zh-TW"]
     prepared = [
         PreparedRequest(GenerationRequest(engine.manifest.name, LONG_SENTENCE), source, "zh-TW", start, steps, 1, None)
         for _ in range(rows)
     ]
-    batch = Batch.build(engine.manifest, engine.runtime, [p.source_ids for p in prepared])
+    batch = Batch.build(engine.manifest, engine.runtime, engine.preprocessor.collate([p.source for p in prepared]))
     times, last = [], time.perf_counter()
     for _ in decode(batch, GreedySearch(prepared, eos=-1)):  # eos -1: no row ever ends early
         now = time.perf_counter()

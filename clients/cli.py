@@ -20,10 +20,10 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from attnserve.clients import comparison, heatmap
+from attnserve.clients import comparison, heatmap, languages
 from attnserve.clients.client import DEFAULT_ADDRESS, DEFAULT_MODEL, AttnServeError, Client, translation_request
 from attnserve.server import convert
-from attnserve.server.generation import GenerationRequest, GenerationResult
+from attnserve.server.generation import GenerationRequest, GenerationResult, InputKind, ModelInfo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,7 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     translate = commands.add_parser("translate", help="translate text and optionally show the attention")
     translate.add_argument("text")
     translate_to = translate.add_argument(
-        "--to", help="target language, en or zh-TW (default: en for text with Chinese characters, else zh-TW)"
+        "--to",
+        help="target language (default: asked from the server: the model's only target language, else the one "
+        "the text is not written in)",
     )
     translate.add_argument("--attention", action="store_true", help="also draw the attention heatmap")
     grouping = translate.add_mutually_exclusive_group()
@@ -136,23 +138,19 @@ def _serve(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {exc}") from None
 
 
-def default_target(text: str) -> str:
-    """The other language of the zh-TW <-> en pair: text with any CJK ideograph goes to English."""
-    return "en" if any("\u3400" <= ch <= "\u9fff" or "\uf900" <= ch <= "\ufaff" for ch in text) else "zh-TW"
-
-
 def _translate(args: argparse.Namespace) -> None:
-    request = translation_request(
-        args.text,
-        to=args.to or default_target(args.text),
-        attention=args.attention,
-        granularity=args.granularity,
-        layer=args.layer,
-        max_new_tokens=args.max_tokens,
-        beam_size=args.beam_size,
-        model=args.model,
-    )
     with Client(args.address) as client:
+        to = args.to if args.to is not None else languages.default_target(client.get_model(args.model), args.text)
+        request = translation_request(
+            args.text,
+            to=to,
+            attention=args.attention,
+            granularity=args.granularity,
+            layer=args.layer,
+            max_new_tokens=args.max_tokens,
+            beam_size=args.beam_size,
+            model=args.model,
+        )
         result = _print_stream(client, request) if args.stream else client.generate(request)
     if args.json:
         print(json.dumps(dataclasses.asdict(result), default=_enum_value, ensure_ascii=False, indent=2))
@@ -175,11 +173,19 @@ def _print_stream(client: Client, request) -> GenerationResult:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    target = args.to or default_target(args.text)
     with Client(args.address) as client:
-        names = _compared_models(args.models, client, args.address)
+        # The server says which models translate and into what, unless the options say both.
+        needed = args.models is None or args.to is None
+        infos = {info.name: info for info in client.list_models()} if needed else {}
+        names = _compared_models(args.models, infos, args.address)
         requests = [
-            translation_request(args.text, to=target, attention=True, granularity=args.granularity, model=name)
+            translation_request(
+                args.text,
+                to=_target(args.to, infos.get(name), args.text),
+                attention=True,
+                granularity=args.granularity,
+                model=name,
+            )
             for name in names
         ]
         outcomes = _generate_each(client, requests)
@@ -192,7 +198,14 @@ def _compare(args: argparse.Namespace) -> int:
     return 1 if any(o.error is not None for o in outcomes) else 0
 
 
-def _compared_models(option: str | None, client: Client, address: str) -> list[str]:
+def _target(option: str | None, info: ModelInfo | None, text: str) -> str:
+    """--to, else the model's choice for the text; "" (the server's default) for a model not served."""
+    if option is not None:
+        return option
+    return languages.default_target(info, text) if info is not None else ""
+
+
+def _compared_models(option: str | None, infos: dict[str, ModelInfo], address: str) -> list[str]:
     """The models `--models` names, else every served translation model; two or more, each once."""
     if option is not None:
         names = [name.strip() for name in option.split(",") if name.strip()]
@@ -202,7 +215,7 @@ def _compared_models(option: str | None, client: Client, address: str) -> list[s
         if len(names) < 2:
             raise SystemExit(f"error: compare needs two or more models; --models names {', '.join(names) or 'none'}")
         return names
-    names = [info.name for info in client.list_models() if info.task == "translation"]
+    names = [info.name for info in infos.values() if info.task == "translation"]
     if len(names) < 2:
         served = f"only {names[0]}" if names else "none"
         raise SystemExit(f"error: compare needs two or more translation models; {address} serves {served}")
@@ -234,9 +247,25 @@ def _models(args: argparse.Namespace) -> None:
         infos = client.list_models()
     for info in infos:
         print(f"{info.name} (version {info.version}, {info.task}): {info.description}")
+        print(f"  input: {_input_line(info)}")
         print(f"  languages: {', '.join(info.source_languages)} -> {', '.join(info.target_languages)}")
-        print(f"  limits: {info.max_source_tokens} source tokens, {info.max_new_tokens} new tokens")
+        unit = "source tokens" if info.input_kind is InputKind.TEXT else "attention columns"
+        print(f"  limits: {info.max_source_tokens} {unit}, {info.max_new_tokens} new tokens")
         print(f"  attention: {info.attention_layers} layers x {info.attention_heads} heads")
+
+
+def _input_line(info: ModelInfo) -> str:
+    """What the model reads, with the limits a request must respect."""
+    if info.audio is not None:
+        a = info.audio
+        return (
+            f"audio (WAV or samples, resampled to {a.sample_rate_hz} Hz), at most {a.max_seconds:g} s and "
+            f"{a.max_bytes} bytes; {a.seconds_per_column:g} s per attention column"
+        )
+    if info.image is not None:
+        i = info.image
+        return f"image ({i.width}x{i.height}, {i.grid_rows}x{i.grid_cols} grid), at most {i.max_bytes} bytes"
+    return info.input_kind.value
 
 
 def _enum_value(value: object) -> object:

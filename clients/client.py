@@ -13,14 +13,17 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
+import numpy as np
 
 from attnserve.server import convert
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
+    AudioInput,
     DecodingOptions,
     GenerationRequest,
     GenerationResult,
@@ -58,7 +61,7 @@ def _rpc_errors() -> Iterator[None]:
 
 def translation_request(
     text: str,
-    to: str = "en",
+    to: str = "",
     attention: bool = False,
     granularity: str = "words",
     layer: int | None = None,
@@ -71,7 +74,7 @@ def translation_request(
 
     Args:
         text: source text.
-        to: target language code, e.g. "en" or "zh-TW".
+        to: target language code, e.g. "en" or "zh-TW"; "" = the model's first target language.
         attention: whether to return the attention matrix.
         granularity: "words" or "pieces".
         layer: decoder layer to read; negative counts from the last; None = the model's default layer.
@@ -93,6 +96,22 @@ def translation_request(
     )
 
 
+def audio_request(audio: bytes | np.ndarray, sample_rate_hz: int = 0, *, model: str, **options) -> GenerationRequest:
+    """Builds a request for an audio model (speech recognition or translation).
+
+    Args:
+        audio: a WAV file's bytes, or (N,) mono float samples in [-1, 1].
+        sample_rate_hz: the rate of raw samples (required with them); 0 for a WAV file.
+        model: served model name (see `list_models`: its `input_kind` is audio, its limits are in `audio`).
+        options: `translation_request`'s options (to, attention, granularity, layer, max_new_tokens, ...).
+    """
+    if isinstance(audio, (bytes, bytearray)):
+        data = AudioInput(wav=bytes(audio), sample_rate_hz=sample_rate_hz)
+    else:
+        data = AudioInput(samples=np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate_hz=sample_rate_hz)
+    return dataclasses.replace(translation_request("", model=model, **options), audio=data)
+
+
 class Client:
     """Blocking client.
 
@@ -106,7 +125,7 @@ class Client:
         self._stub = pb_grpc.AttnServeStub(self._channel)
         self.timeout = timeout
 
-    def translate(self, text: str, to: str = "en", **options) -> GenerationResult:
+    def translate(self, text: str, to: str = "", **options) -> GenerationResult:
         """Translates `text` into `to`; `options` are `translation_request`'s (attention, beam_size, ...)."""
         request = translation_request(text, to, **options)
         return self.generate(request)
@@ -167,7 +186,7 @@ class AsyncClient:
         self._stub = pb_grpc.AttnServeStub(self._channel)
         self.timeout = timeout
 
-    async def translate(self, text: str, to: str = "en", **options) -> GenerationResult:
+    async def translate(self, text: str, to: str = "", **options) -> GenerationResult:
         """Translates `text` into `to`; `options` are `translation_request`'s (attention, beam_size, ...)."""
         request = translation_request(text, to, **options)
         return await self.generate(request)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from attnserve.server import generation as gen
 from attnserve.v1 import attnserve_pb2 as pb
 
@@ -26,13 +28,18 @@ _GRANULARITIES = {
     gen.AttentionGranularity.PIECES: pb.ATTENTION_GRANULARITY_PIECES,
     gen.AttentionGranularity.WORDS: pb.ATTENTION_GRANULARITY_WORDS,
 }
+_INPUT_KINDS = {
+    gen.InputKind.TEXT: pb.INPUT_KIND_TEXT,
+    gen.InputKind.AUDIO: pb.INPUT_KIND_AUDIO,
+    gen.InputKind.IMAGE: pb.INPUT_KIND_IMAGE,
+}
 
 
 # ---- requests ----------------------------------------------------------------------------------------
 
 
 def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
-    """Converts a text request; the caller has checked that `msg.text` is the input that is set.
+    """Converts a request, whichever input it carries (the engine checks it is the model's kind).
 
     Raises:
         ValueError: an enum field holds a value this server does not know.
@@ -40,9 +47,12 @@ def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
     options = msg.attention
     if options.mode not in (pb.ATTENTION_MODE_UNSPECIFIED, pb.ATTENTION_MODE_NONE, pb.ATTENTION_MODE_AGGREGATED):
         raise ValueError(f"unknown attention mode {options.mode}")
+    kind = msg.WhichOneof("input")
     return gen.GenerationRequest(
         model=msg.model,
-        text=msg.text.text,
+        text=msg.text.text if kind == "text" else "",
+        audio=_audio_from_proto(msg.audio) if kind == "audio" else None,
+        image=gen.ImageInput(msg.image.data) if kind == "image" else None,
         target_language=msg.target_language,
         decoding=gen.DecodingOptions(
             max_new_tokens=msg.decoding.max_new_tokens,
@@ -59,11 +69,25 @@ def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
 
 
 def request_to_proto(request: gen.GenerationRequest, source_language: str | None = None) -> pb.GenerateRequest:
-    """Converts a text request to its wire form; `source_language` is optional on the wire only."""
+    """Converts a request to its wire form; `source_language` (text only) is optional on the wire only.
+
+    Raises:
+        ValueError: the request carries more than one input (the wire's `input` holds one).
+    """
+    if len(request.input_kinds) > 1:
+        kinds = " and ".join(k.value for k in request.input_kinds)
+        raise ValueError(f"a request carries one input; this one has {kinds}")
     attention = request.attention
+    inputs = {}
+    if request.audio is not None:
+        inputs["audio"] = _audio_to_proto(request.audio)
+    if request.image is not None:
+        inputs["image"] = pb.ImageInput(data=request.image.data)
+    if request.text or not inputs:
+        inputs["text"] = pb.TextInput(text=request.text, source_language=source_language)
     return pb.GenerateRequest(
         model=request.model,
-        text=pb.TextInput(text=request.text, source_language=source_language),
+        **inputs,
         target_language=request.target_language,
         decoding=pb.DecodingOptions(
             max_new_tokens=request.decoding.max_new_tokens, beam_size=request.decoding.beam_size
@@ -75,6 +99,16 @@ def request_to_proto(request: gen.GenerationRequest, source_language: str | None
         ),
         request_id=request.request_id,
     )
+
+
+def _audio_from_proto(msg: pb.AudioInput) -> gen.AudioInput:
+    samples = np.array(msg.samples, dtype=np.float32) if len(msg.samples) else None
+    return gen.AudioInput(wav=msg.data, samples=samples, sample_rate_hz=msg.sample_rate_hz)
+
+
+def _audio_to_proto(audio: gen.AudioInput) -> pb.AudioInput:
+    samples = [] if audio.samples is None else np.asarray(audio.samples, dtype=np.float32).tolist()
+    return pb.AudioInput(data=audio.wav, samples=samples, sample_rate_hz=audio.sample_rate_hz)
 
 
 def _granularity_from_proto(value: int) -> gen.AttentionGranularity:
@@ -212,13 +246,40 @@ def stream_event_from_proto(msg: pb.GenerateStreamResponse) -> gen.StreamedToken
 # ---- models ------------------------------------------------------------------------------------------
 
 
+_INPUT_FIELDS = ("input_kind", "audio", "image")
+
+
 def model_info_to_proto(info: gen.ModelInfo) -> pb.ModelInfo:
-    return pb.ModelInfo(**dataclasses.asdict(info))
+    # The other fields are scalars and lists with same-named wire fields.
+    values = {f.name: getattr(info, f.name) for f in dataclasses.fields(info) if f.name not in _INPUT_FIELDS}
+    return pb.ModelInfo(
+        **values,
+        input_kind=_INPUT_KINDS[info.input_kind],
+        audio=None if info.audio is None else pb.AudioInputInfo(**dataclasses.asdict(info.audio)),
+        image=None if info.image is None else pb.ImageInputInfo(**dataclasses.asdict(info.image)),
+    )
 
 
 def model_info_from_proto(msg: pb.ModelInfo) -> gen.ModelInfo:
-    # Every ModelInfo field has a same-named wire field; repeated fields become plain lists.
-    values = {f.name: getattr(msg, f.name) for f in dataclasses.fields(gen.ModelInfo)}
+    """Converts a wire ModelInfo; one without an input kind (an older server) describes a text model.
+
+    Raises:
+        ValueError: an input kind this client does not know.
+    """
+    values = {f.name: getattr(msg, f.name) for f in dataclasses.fields(gen.ModelInfo) if f.name not in _INPUT_FIELDS}
     values["source_languages"] = list(values["source_languages"])
     values["target_languages"] = list(values["target_languages"])
-    return gen.ModelInfo(**values)
+    kinds = {wire: kind for kind, wire in _INPUT_KINDS.items()} | {pb.INPUT_KIND_UNSPECIFIED: gen.InputKind.TEXT}
+    if msg.input_kind not in kinds:
+        raise ValueError(f"unknown input kind {msg.input_kind}")
+    return gen.ModelInfo(
+        **values,
+        input_kind=kinds[msg.input_kind],
+        audio=_fields(gen.AudioInputInfo, msg.audio) if msg.HasField("audio") else None,
+        image=_fields(gen.ImageInputInfo, msg.image) if msg.HasField("image") else None,
+    )
+
+
+def _fields(cls, msg):
+    """The dataclass `cls` from a message with a same-named field for each of its fields."""
+    return cls(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(cls)})

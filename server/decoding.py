@@ -3,7 +3,9 @@
 A `Batch` holds the model-side tensors of the requests decoded together: the static decoder inputs the
 encoder produced once, the recurrent state (a Transformer's K/V cache, an LSTM's h/c) and per-row
 positions and masks. It knows a model only through its manifest: every tensor is gathered along the batch
-axis the manifest names, appended state grows along its time axis, replaced state is fed back.
+axis the manifest names, appended state grows along its time axis, replaced state is fed back. What the
+encoder reads (text, audio, an image) is the input kind's preprocessor's business (server/preprocessing.py):
+the batch gets the encoder's feeds ready-made, with each row's number of encoder positions.
 
 A `DecodeStrategy` (greedy search, beam search) turns each step's logits into the next tokens and tells the
 batch which rows to keep: finished rows are dropped, beams are reordered. Finished requests come out of
@@ -20,16 +22,17 @@ import numpy as np
 
 from attnserve.server.generation import FinishReason, GenerationRequest
 from attnserve.server.manifest import Manifest, StateSpec
+from attnserve.server.preprocessing import EncoderBatch, Source
 from attnserve.server.runtime import Runtime
 
 
 @dataclasses.dataclass(frozen=True)
 class PreparedRequest:
-    """A validated request, tokenized and resolved against its model; what the decode loop consumes."""
+    """A validated request, its input preprocessed and resolved against its model; what the decode loop consumes."""
 
     request: GenerationRequest
-    # Source ids, EOS included.
-    source_ids: tuple[int, ...]
+    # The input as its kind's preprocessor prepared it (token ids, log-mel frames, pixels).
+    source: Source
     # The resolved target language and the decoder start token for it.
     target_language: str
     start_id: int
@@ -44,20 +47,6 @@ class PreparedRequest:
 class StepOutput:
     logits: np.ndarray  # (B, V)
     attention: np.ndarray  # (B, L, H, S): this step's cross-attention
-
-
-def pad_sources(sources: Sequence[Sequence[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pads source ids into one batch.
-
-    Returns:
-        input_ids (B, S) int64 padded with `pad`, and attention_mask (B, S) int64 (1 = real token).
-    """
-    lengths = np.array([len(s) for s in sources], dtype=np.int64)  # (B,)
-    width = int(lengths.max()) if len(sources) else 0
-    mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)  # (B, S)
-    ids = np.full((len(sources), width), pad, dtype=np.int64)
-    ids[mask.astype(bool)] = np.concatenate([np.asarray(s, dtype=np.int64) for s in sources]) if width else []
-    return ids, mask
 
 
 def _initial_state(spec: StateSpec, batch: int, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -93,18 +82,29 @@ class Batch:
         self.self_mask = np.zeros((b, 0), dtype=np.int64)  # (B, T) which cache slots each row may attend
 
     @classmethod
-    def build(cls, manifest: Manifest, runtime: Runtime, sources: Sequence[Sequence[int]]) -> Batch:
-        """Pads the sources, runs the encoder once and prepares static inputs and initial state.
+    def build(cls, manifest: Manifest, runtime: Runtime, inputs: EncoderBatch) -> Batch:
+        """Runs the encoder once and prepares static inputs and initial state.
 
         Args:
-            sources: per row, source ids with EOS.
+            inputs: the encoder's feeds for every row (the preprocessor's `collate`).
+
+        Raises:
+            RuntimeError: a static tensor's source axis is not as long as the longest row's encoder
+                positions: the encoder and the manifest's `input` disagree (e.g. on the time reduction).
         """
-        ids, mask = pad_sources(sources, manifest.special_tokens.pad)  # (B, S) each
-        feeds = {manifest.encoder.input_ids: ids, manifest.encoder.attention_mask: mask}
-        tensors = {**feeds, **runtime.encode(feeds)}
+        tensors = {**inputs.feeds, **runtime.encode(inputs.feeds)}
         static = {s.target: tensors[s.source] for s in manifest.static}
-        state = {s.input: _initial_state(s, len(sources), tensors) for s in manifest.state}
-        return cls(manifest, runtime, static, state, mask.sum(axis=1))
+        width = int(inputs.lengths.max()) if len(inputs.lengths) else 0
+        for spec in manifest.static:
+            got = static[spec.target].shape[spec.source_axis]
+            if got != width:
+                raise RuntimeError(
+                    f"{spec.source!r} has {got} positions on its source axis {spec.source_axis}; the model's "
+                    f"{manifest.input.kind} input gives {width} for this batch (does the encoder reduce time as "
+                    f"the manifest says?)"
+                )
+        state = {s.input: _initial_state(s, len(inputs.lengths), tensors) for s in manifest.state}
+        return cls(manifest, runtime, static, state, np.asarray(inputs.lengths, dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.source_lengths)
@@ -284,7 +284,7 @@ class DecodeStrategy(abc.ABC):
         self.eos = eos
         self._cancelled = np.zeros(len(self.requests), dtype=bool)
         self._max_new = np.array([r.max_new_tokens for r in self.requests], dtype=np.int64)  # (N,)
-        self._source_lengths = np.array([len(r.source_ids) for r in self.requests], dtype=np.int64)  # (N,)
+        self._source_lengths = np.array([r.source.length for r in self.requests], dtype=np.int64)  # (N,)
         self._wants_attention = np.array([r.attention_layer is not None for r in self.requests], dtype=bool)
         self.history = History(keep_attention=bool(self._wants_attention.any()))
 

@@ -1,9 +1,10 @@
 """A served model: validation, batching and decoding behind one object; and the registry of all of them.
 
-`ModelEngine.submit` validates on the caller's thread (bad input raises before anything is queued) and
-returns a future; the model's batcher thread runs the ONNX Runtime calls and resolves it, streaming each
-token (with its attention row) to an optional callback on the way. `ModelEngine.cancel` ends a request
-early: a queued one never runs, a running one leaves its batch after the current decode step.
+`ModelEngine.submit` validates on the caller's thread (bad input raises before anything is queued; the
+input kind's preprocessor decodes the input there too) and returns a future; the model's batcher thread
+runs the ONNX Runtime calls and resolves it, streaming each token (with its attention row) to an optional
+callback on the way. `ModelEngine.cancel` ends a request early: a queued one never runs, a running one
+leaves its batch after the current decode step.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from concurrent.futures import CancelledError, Future
 
 import numpy as np
 
+from attnserve.server import preprocessing
 from attnserve.server.attention import attention_matrix, layer_mean
 from attnserve.server.batcher import Batcher, BatchingOptions, WorkItem
 from attnserve.server.decoding import Batch, Hypothesis, PreparedRequest, StepEvents, decode, make_strategy
@@ -49,13 +51,14 @@ class _Clock:
 
 
 class ModelEngine:
-    """One model version: its tokenizer, ONNX Runtime sessions and dynamic batcher.
+    """One model version: its tokenizer, input preprocessor, ONNX Runtime sessions and dynamic batcher.
 
     Args:
         model: the repository's version folder and manifest.
         runtime: the model's sessions (already checked against the manifest).
-        tokenizer: the model's tokenizer.
+        tokenizer: the model's tokenizer (of its output; text models read their input with it too).
         batching: window, batch size and queue bound of this model's batcher.
+        preprocessor: reads the model's input kind; None = the one its manifest names.
     """
 
     def __init__(
@@ -64,41 +67,44 @@ class ModelEngine:
         runtime: Runtime,
         tokenizer: Tokenizer,
         batching: BatchingOptions = BatchingOptions(),
+        preprocessor: preprocessing.Preprocessor | None = None,
     ):
         self.model = model
         self.manifest = model.manifest
         self.runtime = runtime
         self.tokenizer = tokenizer
+        self.preprocessor = preprocessor or preprocessing.create(self.manifest, tokenizer)
         self._batcher = Batcher(self._process, batching, name=self.manifest.name)
 
     @property
     def info(self) -> ModelInfo:
         m = self.manifest
-        return ModelInfo(
+        info = ModelInfo(
             name=m.name,
             version=m.version,
             task=m.task,
             description=m.description,
             source_languages=list(m.source_languages),
             target_languages=list(m.target_languages),
-            max_source_tokens=m.limits.max_source_tokens,
+            max_source_tokens=0,  # the preprocessor's to say, with the other input limits
             max_new_tokens=m.limits.max_new_tokens,
             attention_layers=m.attention.layers,
             attention_heads=m.attention.heads,
         )
+        return self.preprocessor.describe(info)
 
     def prepare(self, request: GenerationRequest) -> PreparedRequest:
-        """Validates and tokenizes a request.
+        """Validates the request's options, then has the preprocessor decode and validate its input.
 
         Raises:
-            ValueError: empty text, unknown model or target language, out-of-range max_new_tokens,
-                beam_size or attention layer, or a source longer than the model accepts.
+            ValueError: unknown model or target language, out-of-range max_new_tokens, beam_size or
+                attention layer; or an input that is missing, of another kind, empty or unusable.
+            InputTooLargeError: an input over a limit the model states (audio duration, bytes).
+            NotImplementedError: an input kind that cannot be decoded yet (images).
         """
         m = self.manifest
         if request.model and request.model != m.name:
             raise ValueError(f"request for model '{request.model}' sent to model '{m.name}'")
-        if not request.text or not request.text.strip():
-            raise ValueError("text is empty; give the text to translate")
         language = request.target_language or m.target_languages[0]
         if language not in m.decoder_start:
             supported = ", ".join(m.target_languages)
@@ -108,21 +114,11 @@ class ModelEngine:
         if not 1 <= beam_size <= MAX_BEAM_SIZE:
             raise ValueError(f"beam_size {beam_size} is out of range: use 1 (greedy) to {MAX_BEAM_SIZE}")
         layer = self._attention_layer(request) if request.attention.enabled else None
-        if len(request.text) > m.limits.max_source_tokens * self.tokenizer.max_piece_chars:
-            raise ValueError(
-                f"source is {len(request.text)} characters long; model '{m.name}' accepts at most "
-                f"{m.limits.max_source_tokens} tokens, which is never more than "
-                f"{m.limits.max_source_tokens * self.tokenizer.max_piece_chars} characters"
-            )
-        source_ids = self.tokenizer.encode(request.text)
-        if len(source_ids) > m.limits.max_source_tokens:
-            raise ValueError(
-                f"source is {len(source_ids)} tokens long (EOS included); model '{m.name}' accepts at most "
-                f"{m.limits.max_source_tokens}"
-            )
+        # Last: decoding the input is the costly check (tokenizing, WAV decoding, features).
+        source = self.preprocessor.prepare(request)
         return PreparedRequest(
             request=request,
-            source_ids=tuple(source_ids),
+            source=source,
             target_language=language,
             start_id=m.decoder_start[language],
             max_new_tokens=max_new_tokens,
@@ -209,7 +205,7 @@ class ModelEngine:
         answered: set[int] = set()
         # Encode once for the whole group.
         clock = _Clock(start=time.perf_counter(), encoded=0.0)
-        batch = Batch.build(self.manifest, self.runtime, [p.source_ids for p in prepared])
+        batch = Batch.build(self.manifest, self.runtime, self.preprocessor.collate([p.source for p in prepared]))
         clock.encoded = time.perf_counter()
         strategy = make_strategy(prepared, self.manifest.special_tokens.eos)
 
@@ -277,15 +273,14 @@ class ModelEngine:
         ids = hyp.token_ids.tolist()
         pieces = tok.pieces(ids)
         tokens = [Token(p, i, lp) for p, i, lp in zip(pieces, ids, hyp.logprobs.tolist())]
-        source = list(prepared.source_ids)
-        source_pieces = tok.pieces(source)
+        source_tokens = self.preprocessor.source_tokens(prepared.source)  # one per attention column
         attention = None
         if prepared.attention_layer is not None:
             words = prepared.request.attention.granularity is AttentionGranularity.WORDS
-            row_words, col_words = (tok.words(ids), tok.words(source)) if words else (None, None)
-            attention = attention_matrix(
-                hyp.attention, prepared.attention_layer, pieces, source_pieces, row_words, col_words
-            )
+            row_words = tok.words(ids) if words else None
+            col_words = self.preprocessor.source_words(prepared.source) if words else None
+            columns = [t.piece for t in source_tokens]
+            attention = attention_matrix(hyp.attention, prepared.attention_layer, pieces, columns, row_words, col_words)
         done = time.perf_counter()
         timings = Timings(
             queue_seconds=clock.start - accepted,
@@ -300,7 +295,7 @@ class ModelEngine:
             text=tok.decode(ids),
             target_language=prepared.target_language,
             tokens=tokens,
-            source_tokens=[Token(p, i, 0.0) for p, i in zip(source_pieces, source)],
+            source_tokens=source_tokens,
             finish_reason=hyp.finish_reason,
             attention=attention,
             timings=timings,
@@ -319,7 +314,7 @@ def _piece_rows(prepared: PreparedRequest, weights: np.ndarray | None) -> list[l
     """
     if prepared.attention_layer is None or weights is None:
         return None
-    return layer_mean(weights[..., : len(prepared.source_ids)], prepared.attention_layer).tolist()
+    return layer_mean(weights[..., : prepared.source.length], prepared.attention_layer).tolist()
 
 
 def _stream_rest(item: WorkItem, hyp: Hypothesis, tokens: Sequence[Token], start: int, tokenizer: Tokenizer) -> None:
@@ -380,7 +375,7 @@ def load_engine(
     runtime_options: RuntimeOptions = RuntimeOptions(),
     batching: BatchingOptions = BatchingOptions(),
 ) -> ModelEngine:
-    """Opens one model version: sessions (checked against the manifest), tokenizer, batcher.
+    """Opens one model version: sessions (checked against the manifest), tokenizer, preprocessor, batcher.
 
     Raises:
         ValueError: a graph or the tokenizer is broken, or the model can produce ids the tokenizer lacks.

@@ -26,6 +26,7 @@ STATUS_BY_TYPE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (generation.UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (NotImplementedError, grpc.StatusCode.UNIMPLEMENTED),
+    (generation.InputTooLargeError, grpc.StatusCode.OUT_OF_RANGE),  # a ValueError: must come first
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
 )
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+import numpy as np
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodingOptions:
@@ -34,18 +36,66 @@ class AttentionOptions:
     granularity: AttentionGranularity = AttentionGranularity.PIECES
 
 
+class InputKind(enum.Enum):
+    """What a model reads (its manifest's `input.kind`); each kind has one preprocessor."""
+
+    TEXT = "text"
+    AUDIO = "audio"
+    IMAGE = "image"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AudioInput:
+    """Audio to transcribe or translate: a WAV file, or raw mono samples with their sample rate."""
+
+    # A WAV file (16/32-bit integer PCM or 32/64-bit float, mono or stereo); b"" when `samples` is set.
+    wav: bytes = b""
+    # (N,) float32 mono samples, nominally in [-1, 1]; None when `wav` is set.
+    samples: np.ndarray | None = None
+    # Rate of `samples` in Hz (required with them); with `wav`, 0 or the rate its header states.
+    sample_rate_hz: int = 0
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AudioInput):
+            return NotImplemented
+        same_samples = (self.samples is None) == (other.samples is None) and (
+            self.samples is None or np.array_equal(self.samples, other.samples)
+        )
+        return self.wav == other.wav and self.sample_rate_hz == other.sample_rate_hz and same_samples
+
+    __hash__ = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageInput:
+    # An encoded image file (PNG or JPEG).
+    data: bytes = b""
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationRequest:
     # Name of the model in the repository.
     model: str
-    # Source text (text models). Audio and image inputs come with their models.
-    text: str
+    # Source text (text models); "" when the request carries audio or an image.
+    text: str = ""
     # Target language code, e.g. "en" or "zh-TW"; "" = the model's only / first target language.
     target_language: str = ""
     decoding: DecodingOptions = DecodingOptions()
     attention: AttentionOptions = AttentionOptions()
     # Caller-chosen id echoed in logs; "" = none.
     request_id: str = ""
+    # Audio (speech models); None for other inputs.
+    audio: AudioInput | None = None
+    # An image (captioning models); None for other inputs.
+    image: ImageInput | None = None
+
+    @property
+    def input_kinds(self) -> list[InputKind]:
+        """The kinds of input the request carries (a valid request carries exactly one)."""
+        kinds = [InputKind.TEXT] if self.text else []
+        kinds += [InputKind.AUDIO] if self.audio is not None else []
+        kinds += [InputKind.IMAGE] if self.image is not None else []
+        return kinds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,22 +157,52 @@ class GenerationResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class AudioInputInfo:
+    """What an audio model accepts."""
+
+    sample_rate_hz: int  # the rate its features are computed at; other rates are resampled to it
+    max_seconds: float  # longest accepted audio
+    max_bytes: int  # largest accepted WAV file (raw samples count 4 bytes each)
+    seconds_per_column: float  # time one attention column spans (frame shift x the encoder's time reduction)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageInputInfo:
+    """What an image model accepts."""
+
+    width: int  # pixels of the model's input
+    height: int
+    grid_rows: int  # the encoder's grid of cells: one attention column per cell
+    grid_cols: int
+    max_bytes: int  # largest accepted image file
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelInfo:
     name: str
     version: int
-    task: str  # "translation", later "speech-captioning", "image-captioning"
+    task: str  # e.g. "translation", "speech-recognition", "image-captioning"
     description: str
     source_languages: list[str]
     target_languages: list[str]
+    # Text: longest source in tokens (EOS included). Audio, images: most attention columns a source has.
     max_source_tokens: int
     max_new_tokens: int
     attention_layers: int
     attention_heads: int
+    input_kind: InputKind = InputKind.TEXT
+    audio: AudioInputInfo | None = None  # set for audio models
+    image: ImageInputInfo | None = None  # set for image models
 
 
 # Errors raised by core code. The gRPC edge maps each type to one status code (see server/errors.py):
-# ValueError -> INVALID_ARGUMENT, NotImplementedError -> UNIMPLEMENTED, OverloadedError ->
-# RESOURCE_EXHAUSTED, UnavailableError -> UNAVAILABLE, TimeoutError -> DEADLINE_EXCEEDED, else INTERNAL.
+# InputTooLargeError -> OUT_OF_RANGE, ValueError -> INVALID_ARGUMENT, NotImplementedError -> UNIMPLEMENTED,
+# OverloadedError -> RESOURCE_EXHAUSTED, UnavailableError -> UNAVAILABLE, TimeoutError -> DEADLINE_EXCEEDED,
+# else INTERNAL.
+
+
+class InputTooLargeError(ValueError):
+    """The input exceeds a limit the model states in its ModelInfo (audio duration, bytes)."""
 
 
 class OverloadedError(Exception):

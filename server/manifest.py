@@ -2,7 +2,10 @@
 
 The decode loop is driven only by these objects: which tensors the encoder feeds to the decoder once per
 request (`static`), which decoder state is carried from step to step (`state`), and the model's limits.
-Every problem is reported as a `ValueError` that names the file and the field.
+What the encoder reads is described by the model's `input` (server/inputs.py): its kind (text, audio,
+image) and the preprocessing that turns a request's raw input into encoder feeds (server/preprocessing.py
+and one module per kind). A manifest without `input` is a text model. Every problem is reported as a `ValueError` that
+names the file and the field.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import pathlib
 import types
 from collections.abc import Mapping
 from typing import Any, NoReturn
+
+from attnserve.server.inputs import InputSpec, TextInputSpec, parse_input
 
 FORMAT_VERSION = 1
 WORD_BOUNDARIES = ("metaspace-cjk",)
@@ -39,8 +44,8 @@ class SpecialTokens:
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    # Longest source, in tokens, EOS included.
-    max_source_tokens: int
+    # Longest source, in tokens, EOS included (text input); None for other kinds, whose `input` has limits.
+    max_source_tokens: int | None
     # Upper bound (and default) for generated tokens, EOS not counted.
     max_new_tokens: int
 
@@ -58,9 +63,8 @@ class AttentionSpec:
 @dataclasses.dataclass(frozen=True)
 class EncoderSpec:
     file: str
-    # Graph input name for the source ids (B, S) and for the source mask (B, S).
-    input_ids: str
-    attention_mask: str
+    # Role of each encoder input (as the model's input kind names them, e.g. "input_ids") -> graph input name.
+    inputs: Mapping[str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,10 +131,15 @@ class Manifest:
     decoder: DecoderSpec
     static: tuple[StaticFeed, ...]
     state: tuple[StateSpec, ...]
+    # What the encoder reads; a manifest without `input` is a text model.
+    input: InputSpec = TextInputSpec()
 
 
-class _Reader:
-    """Typed access to one JSON object with error messages that name the file and the field path."""
+class FieldReader:
+    """Typed access to one JSON object with error messages that name the file and the field path.
+
+    Shared with server/inputs.py, which parses the manifest's `input` section with it.
+    """
 
     def __init__(self, data: Any, where: str, path: str = ""):
         self.where = where
@@ -142,6 +151,9 @@ class _Reader:
     def fail(self, problem: str) -> NoReturn:
         field = f" field '{self.path}'" if self.path else ""
         raise ValueError(f"{self.where}:{field} {problem}")
+
+    def fail_field(self, key: str, problem: str) -> NoReturn:
+        raise ValueError(f"{self.where}: field '{self._field(key)}' {problem}")
 
     def _field(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
@@ -167,11 +179,27 @@ class _Reader:
     def string(self, key: str, default: Any = ...) -> str:
         return self.get(key, str, default)
 
-    def obj(self, key: str) -> _Reader:
-        return _Reader(self.get(key, dict), self.where, self._field(key))
+    def number(self, key: str, positive: bool = False, default: Any = ...) -> float:
+        value = self.get(key, (int, float), default)
+        if isinstance(value, bool):
+            self.fail_field(key, f"must be a number, got {value!r}")
+        if value is not None and not (value > 0 if positive else value >= 0):
+            self.fail_field(key, f"must be {'>' if positive else '>='} 0, got {value}")
+        return value if value is None else float(value)
 
-    def items(self, key: str) -> list[_Reader]:
-        return [_Reader(x, self.where, f"{self._field(key)}[{i}]") for i, x in enumerate(self.get(key, list))]
+    def numbers(self, key: str, count: int, positive: bool = False) -> tuple[float, ...]:
+        values = self.get(key, list)
+        ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if not ok or len(values) != count or (positive and not all(v > 0 for v in values)):
+            sign = "positive " if positive else ""
+            self.fail_field(key, f"must be a list of {count} {sign}numbers, got {values!r}")
+        return tuple(float(v) for v in values)
+
+    def obj(self, key: str) -> FieldReader:
+        return FieldReader(self.get(key, dict), self.where, self._field(key))
+
+    def items(self, key: str) -> list[FieldReader]:
+        return [FieldReader(x, self.where, f"{self._field(key)}[{i}]") for i, x in enumerate(self.get(key, list))]
 
     def strings(self, key: str) -> tuple[str, ...]:
         values = self.get(key, list)
@@ -210,13 +238,13 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
     Raises:
         ValueError: a field is missing, mistyped or inconsistent; the message names the file and field.
     """
-    r = _Reader(data, where)
+    r = FieldReader(data, where)
     format_version = r.integer("format_version")
     if format_version != FORMAT_VERSION:
         r.fail(f"format_version {format_version} is not supported (this server reads {FORMAT_VERSION})")
     languages = r.obj("languages")
-    limits = r.obj("limits")
     attention = r.obj("attention")
+    input_spec = parse_input(r)
     manifest = Manifest(
         format_version=format_version,
         name=r.string("name"),
@@ -228,25 +256,34 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         tokenizer=_tokenizer(r.obj("tokenizer")),
         special_tokens=_special_tokens(r.obj("special_tokens")),
         decoder_start=_decoder_start(r.obj("decoder_start")),
-        limits=Limits(limits.integer("max_source_tokens", 1), limits.integer("max_new_tokens", 1)),
+        limits=_limits(r.obj("limits"), input_spec),
         attention=_attention(attention),
-        encoder=_encoder(r.obj("encoder")),
+        encoder=_encoder(r.obj("encoder"), input_spec),
         decoder=_decoder(r.obj("decoder")),
         static=tuple(_static(s) for s in r.items("static")),
         state=tuple(_state(s) for s in r.items("state")),
+        input=input_spec,
     )
     _check_consistency(manifest, where)
     return manifest
 
 
-def _tokenizer(r: _Reader) -> TokenizerSpec:
+def _limits(r: FieldReader, spec: InputSpec) -> Limits:
+    if spec.kind == "text":
+        return Limits(r.integer("max_source_tokens", 1), r.integer("max_new_tokens", 1))
+    if "max_source_tokens" in r.data:
+        r.fail(f"max_source_tokens applies to text input; the limits of {spec.kind} input are in 'input'")
+    return Limits(None, r.integer("max_new_tokens", 1))
+
+
+def _tokenizer(r: FieldReader) -> TokenizerSpec:
     spec = TokenizerSpec(file=r.string("file"), word_boundary=r.string("word_boundary"))
     if spec.word_boundary not in WORD_BOUNDARIES:
         r.fail(f"word_boundary {spec.word_boundary!r} is not one of {list(WORD_BOUNDARIES)}")
     return spec
 
 
-def _attention(r: _Reader) -> AttentionSpec:
+def _attention(r: FieldReader) -> AttentionSpec:
     spec = AttentionSpec(
         r.string("output"), r.integer("layers", 1), r.integer("heads", 1), r.integer("default_layer", None, -1)
     )
@@ -255,7 +292,7 @@ def _attention(r: _Reader) -> AttentionSpec:
     return spec
 
 
-def _special_tokens(r: _Reader) -> SpecialTokens:
+def _special_tokens(r: FieldReader) -> SpecialTokens:
     suppress = r.get("suppress", list, [])
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in suppress):
         raise ValueError(f"{r.where}: field 'special_tokens.suppress' must be a list of token ids, got {suppress!r}")
@@ -265,18 +302,20 @@ def _special_tokens(r: _Reader) -> SpecialTokens:
     return tokens
 
 
-def _decoder_start(r: _Reader) -> Mapping[str, int]:
+def _decoder_start(r: FieldReader) -> Mapping[str, int]:
     return types.MappingProxyType({language: r.integer(language, 0) for language in r.data})
 
 
-def _encoder(r: _Reader) -> EncoderSpec:
+def _encoder(r: FieldReader, spec: InputSpec) -> EncoderSpec:
     inputs = r.obj("inputs")
-    return EncoderSpec(
-        file=r.string("file"), input_ids=inputs.string("input_ids"), attention_mask=inputs.string("attention_mask")
-    )
+    roles = sorted(spec.encoder_inputs())
+    if sorted(inputs.data) != roles:
+        got = sorted(inputs.data)
+        inputs.fail(f"must name the encoder input of each role of {spec.kind} input, {roles}; got {got}")
+    return EncoderSpec(file=r.string("file"), inputs=types.MappingProxyType({k: inputs.string(k) for k in roles}))
 
 
-def _decoder(r: _Reader) -> DecoderSpec:
+def _decoder(r: FieldReader) -> DecoderSpec:
     inputs = r.obj("inputs")
     return DecoderSpec(
         file=r.string("file"),
@@ -287,7 +326,7 @@ def _decoder(r: _Reader) -> DecoderSpec:
     )
 
 
-def _static(r: _Reader) -> StaticFeed:
+def _static(r: FieldReader) -> StaticFeed:
     if r.data.get("batch_axis") == r.data.get("source_axis"):
         r.fail("batch_axis and source_axis must differ")
     return StaticFeed(
@@ -298,7 +337,7 @@ def _static(r: _Reader) -> StaticFeed:
     )
 
 
-def _state(r: _Reader) -> StateSpec:
+def _state(r: FieldReader) -> StateSpec:
     update = r.string("update")
     if update not in STATE_UPDATES:
         r.fail(f"update {update!r} is not one of {list(STATE_UPDATES)}")
@@ -328,7 +367,7 @@ def _state(r: _Reader) -> StateSpec:
     )
 
 
-def _state_init(r: _Reader) -> str | None:
+def _state_init(r: FieldReader) -> str | None:
     init = r.get("init", (str, dict))
     if init == "zeros":
         return None

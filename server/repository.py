@@ -14,7 +14,7 @@ from attnserve.server.manifest import Manifest, load_manifest
 from attnserve.server.runtime import GraphSignature, Runtime, RuntimeOptions
 
 MANIFEST_FILE = "manifest.json"
-# The contract fixes these dtypes; state dtypes come from the manifest.
+# The contract fixes these dtypes; state dtypes come from the manifest, encoder inputs from its `input`.
 IDS_DTYPE = "int64"
 FLOAT_DTYPES = ("float32", "float16")
 
@@ -131,12 +131,14 @@ def _expect(graph: GraphSignature, side: str, name: str, dtypes: tuple[str, ...]
 
 
 def _check_encoder(m: Manifest, encoder: GraphSignature) -> None:
-    expected = {m.encoder.input_ids, m.encoder.attention_mask}
-    extra = sorted(set(encoder.inputs) - expected)
+    extra = sorted(set(encoder.inputs) - set(m.encoder.inputs.values()))
     if extra:
         raise ValueError(f"{encoder.path}: input(s) {extra} are not named in the manifest's encoder.inputs")
-    _expect(encoder, "input", m.encoder.input_ids, (IDS_DTYPE,), 2, "encoder.inputs.input_ids")
-    _expect(encoder, "input", m.encoder.attention_mask, (IDS_DTYPE,), 2, "encoder.inputs.attention_mask")
+    # What the input kind's preprocessor feeds: dtypes, ranks and any size it fixes (mel bins, image size).
+    for role, contract in m.input.encoder_inputs().items():
+        name = m.encoder.inputs[role]
+        _expect(encoder, "input", name, (contract.dtype,), len(contract.shape), f"encoder.inputs.{role}")
+        _check_fixed_dims(encoder, name, contract.shape, skip=set())
     for s in m.static:
         if s.source not in encoder.inputs and s.source not in encoder.outputs:
             raise ValueError(f"{encoder.path}: static 'from' {s.source!r} is neither an input nor an output")

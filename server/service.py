@@ -1,6 +1,6 @@
 """The AttnServe gRPC servicer: checks a request's shape, converts it, and hands it to the model's engine.
 
-Handlers never block the event loop: submitting a request (validating and tokenizing it) runs on a
+Handlers never block the event loop: submitting a request (validating and preprocessing its input) runs on a
 thread of the loop's default executor, and an engine runs the model on its own worker thread and returns a
 `concurrent.futures.Future`, which handlers await through `asyncio.wrap_future`. Tokens of a stream
 cross from that thread into the loop through `loop.call_soon_threadsafe`. A handler that leaves before
@@ -93,18 +93,20 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         """Checks what the core cannot see (the oneof, the wire-only source language) and converts.
 
         Raises:
-            ValueError: unknown model, no input, or a source language the model does not read. The engine
-                checks the rest (empty text, languages, lengths, ranges) when the request is submitted.
-            NotImplementedError: audio or image input, which no served model takes yet.
+            ValueError: unknown model, no input, an input of another kind than the model reads, or a source
+                language the model does not read. The engine checks the rest (the input itself, languages,
+                lengths, ranges) when the request is submitted.
         """
         engine = self._engine(request.model)
         kind = request.WhichOneof("input")
         if kind is None:
             raise ValueError("missing input: set one of text, audio, image")
-        if kind != "text":
-            raise NotImplementedError(f"{kind} input is not served yet; model {request.model!r} takes text")
+        wanted = engine.info.input_kind.value
+        if kind != wanted:
+            raise ValueError(f"model {request.model!r} takes {wanted} input, not {kind}")
         languages = engine.info.source_languages
-        if request.text.HasField("source_language") and request.text.source_language not in languages:
+        language = request.text.source_language if kind == "text" and request.text.HasField("source_language") else None
+        if language is not None and language not in languages:
             raise ValueError(
                 f"unknown source language {request.text.source_language!r} for model {request.model!r}; "
                 f"available: {', '.join(languages)}"
@@ -136,8 +138,9 @@ async def _submitted(
 ) -> AsyncIterator[concurrent.futures.Future[generation.GenerationResult]]:
     """Submits `request` to `engine` off the event loop and cancels it when the block is left.
 
-    Submitting validates and tokenizes the text: microseconds for a sentence, seconds for the megabytes a
-    message may carry, which on the loop would stall every other call (health checks included).
+    Submitting validates and preprocesses the input (tokenizes text, decodes audio): microseconds for a
+    sentence, up to seconds for the megabytes a message may carry, which on the loop would stall every other
+    call (health checks included).
 
     Cancelling a finished request does nothing; a handler that leaves early (the client cancelled, the
     deadline passed, the stream was closed) drops its queued request or frees its running request's batch

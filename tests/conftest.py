@@ -151,3 +151,32 @@ def tiny_recurrent_dir(tmp_path_factory, tiny_recurrent_model, tiny_tokenizer) -
         description="random-weight recurrent test model",
         suppress_ids=[],  # as for the tiny Transformer: random weights need the tags to stop repeating
     )
+
+
+TINY_SPEECH_NAME = "tiny-speech"
+
+
+@pytest.fixture(scope="session")
+def tiny_speech_model(tiny_tokenizer):
+    """The tiny listen-attend-spell model of tests/tiny_speech.py, random weights (seeded), in eval mode."""
+    import torch
+    from tiny_speech import TinyListenAttendSpell
+
+    torch.manual_seed(0)
+    return TinyListenAttendSpell(tiny_tokenizer.get_vocab_size()).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_speech_repo(tmp_path_factory, tiny_speech_model, tiny_tokenizer) -> pathlib.Path:
+    """A model repository holding the tiny speech model as `tiny-speech` version 1 (3 s, 400 kB limits)."""
+    import tiny_speech
+
+    from attnserve.export import bpe
+
+    repo = tmp_path_factory.mktemp("speech_repo")
+    folder = repo / TINY_SPEECH_NAME / "1"
+    tiny_speech.export(tiny_speech_model, folder)
+    tiny_tokenizer.save(str(folder / "tokenizer.json"))
+    start = bpe.language_token_ids(tiny_tokenizer)["en"]
+    tiny_speech.write_manifest(folder, tiny_speech.manifest(TINY_SPEECH_NAME, start))
+    return repo

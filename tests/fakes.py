@@ -189,7 +189,7 @@ def recording_engine(repository: pathlib.Path, name: str, batching=None):
 
     version = find_models(repository)[name]
     manifest = version.manifest
-    mask = next(s.target for s in manifest.static if s.source == manifest.encoder.attention_mask)
+    mask = next(s.target for s in manifest.static if s.source == manifest.encoder.inputs["attention_mask"])
     runtime = RecordingRuntime(open_runtime(version), mask)
     tokenizer = Tokenizer.from_manifest(version.path, manifest)
     return ModelEngine(version, runtime, tokenizer, batching or BatchingOptions()), runtime
@@ -209,3 +209,102 @@ MIXED_TEXTS = [
     "This button closes the window",
 ]
 MIXED_MAX_NEW = [40, 12, 33, 40, 2, 26, 40, 7]
+
+
+# ---- audio and image inputs ----------------------------------------------------------------------------
+
+
+def wav_bytes(samples, rate: int, sample_format: str = "pcm16", extensible: bool = False, extra_chunk: bool = False):
+    """A WAV file holding `samples` ((N,) mono or (N, C) channels, floats in [-1, 1]).
+
+    Args:
+        sample_format: "pcm16", "pcm32", "float32", "float64", or "pcm24" / "pcm8" (which the server refuses).
+        extensible: write a WAVE_FORMAT_EXTENSIBLE fmt chunk (sub-format GUID) instead of a plain one.
+        extra_chunk: put an odd-sized LIST chunk (padded to even) before the data chunk.
+    """
+    import struct
+
+    import numpy as np
+
+    x = np.asarray(samples, dtype=np.float64)
+    x = x[:, None] if x.ndim == 1 else x
+    channels = x.shape[1]
+    tag, bits, body = {
+        "pcm16": (1, 16, lambda: np.round(x * 32767).astype("<i2").tobytes()),
+        "pcm32": (1, 32, lambda: np.round(x * 2147483647).astype("<i4").tobytes()),
+        "float32": (3, 32, lambda: x.astype("<f4").tobytes()),
+        "float64": (3, 64, lambda: x.astype("<f8").tobytes()),
+        "pcm24": (1, 24, lambda: b"".join(int(v * 8388607).to_bytes(3, "little", signed=True) for v in x.ravel())),
+        "pcm8": (1, 8, lambda: np.round(x * 127 + 128).astype(np.uint8).tobytes()),
+    }[sample_format]
+    block = channels * bits // 8
+    fmt = struct.pack("<HHIIHH", 0xFFFE if extensible else tag, channels, rate, rate * block, block, bits)
+    if extensible:
+        guid_tail = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
+        fmt += struct.pack("<HHI", 22, bits, 0) + struct.pack("<H", tag) + guid_tail
+    data = body()
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt
+    if extra_chunk:
+        chunks += b"LIST" + struct.pack("<I", 3) + b"abc" + b"\x00"
+    chunks += b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
+
+
+def speller_manifest() -> dict:
+    """The LSTM speller (listen, attend and spell) manifest of docs/model-contract.md."""
+    state = [
+        ("past_state.hidden", "present_state.hidden", 320, {"from": "initial_state.hidden"}),
+        ("past_state.cell", "present_state.cell", 320, {"from": "initial_state.cell"}),
+        ("past_state.context", "present_state.context", 512, "zeros"),
+    ]
+    return {
+        "format_version": 1,
+        "name": "speech-en",
+        "version": 1,
+        "task": "speech-recognition",
+        "description": "English speech recognizer: pyramid BiLSTM listener + attentional LSTM speller",
+        "languages": {"source": ["en"], "target": ["en"]},
+        "tokenizer": {"file": "tokenizer.json", "word_boundary": "metaspace-cjk"},
+        "special_tokens": {"pad": 0, "unk": 1, "eos": 2, "suppress": [0, 3]},
+        "decoder_start": {"en": 3},
+        "input": {
+            "kind": "audio",
+            "sample_rate_hz": 16000,
+            "features": {"type": "log-mel", "n_mels": 80, "window_ms": 25, "shift_ms": 10, "n_fft": 512,
+                         "log_floor": 1e-10},
+            "time_reduction": 4,
+            "max_seconds": 30,
+            "max_bytes": 16777216,
+        },
+        "limits": {"max_new_tokens": 400},
+        "attention": {"output": "cross_attentions", "layers": 1, "heads": 1},
+        "encoder": {"file": "encoder.onnx",
+                    "inputs": {"input_features": "input_features", "attention_mask": "attention_mask"}},
+        "decoder": {"file": "decoder.onnx", "inputs": {"input_ids": "input_ids"}, "outputs": {"logits": "logits"}},
+        "static": [
+            {"from": "encoder_attention_mask", "to": "encoder_attention_mask", "batch_axis": 0, "source_axis": 1},
+            {"from": "encoder_hidden_states", "to": "encoder_hidden_states", "batch_axis": 0, "source_axis": 1},
+        ],
+        "state": [
+            {"input": i, "output": o, "update": "replace", "batch_axis": 0, "dtype": "float32", "shape": ["batch", n],
+             "init": init}
+            for i, o, n, init in state
+        ],
+    }
+
+
+def captioner_manifest() -> dict:
+    """An image-captioning manifest: 224 x 224 RGB, ImageNet normalisation, a 7 x 7 grid of cells."""
+    manifest = speller_manifest()
+    manifest.update(name="caption-en", task="image-captioning", description="image captioner")
+    manifest["input"] = {
+        "kind": "image",
+        "height": 224,
+        "width": 224,
+        "channels": 3,
+        "normalize": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+        "grid": {"rows": 7, "cols": 7},
+        "max_bytes": 8388608,
+    }
+    manifest["encoder"]["inputs"] = {"pixel_values": "pixel_values"}
+    return manifest

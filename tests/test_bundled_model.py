@@ -1,5 +1,5 @@
-"""The trained model shipped in models/: it loads, translates in the asked direction, and its attention
-points where a reader expects (the demo's whole point)."""
+"""The trained models shipped in models/ (the Transformer and the recurrent translator): they load,
+translate in the asked direction, and their attention points where a reader expects (the demo's whole point)."""
 
 from __future__ import annotations
 
@@ -24,28 +24,42 @@ pytestmark = pytest.mark.bundled
 # ATTNSERVE_BUNDLED_MODELS lets a candidate export be checked before it replaces the shipped one.
 REPOSITORY = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
 MODEL = "translate-zh-en"
+RECURRENT_MODEL = "translate-zh-en-rnn"
 WORDS = AttentionOptions(enabled=True, granularity=AttentionGranularity.WORDS)
 
 
 @pytest.fixture(scope="module")
-def engine():
+def registry():
     if not (REPOSITORY / MODEL).is_dir():
         pytest.skip(f"no bundled model at {REPOSITORY / MODEL} (export one: see README.md)")
     registry = load_engines(REPOSITORY, RuntimeOptions(), BatchingOptions())
-    yield registry.get(MODEL)
+    yield registry
     registry.close()
 
 
+@pytest.fixture(scope="module")
+def transformer(registry):
+    return registry.get(MODEL)
+
+
+@pytest.fixture(scope="module", params=[MODEL, RECURRENT_MODEL])
+def engine(request, registry):
+    """Each bundled translator in turn: what holds for one holds for both."""
+    if request.param not in registry:
+        pytest.skip(f"no bundled model {request.param} in {REPOSITORY}")
+    return registry.get(request.param)
+
+
 def translate(engine, text: str, to: str, **options):
-    return engine.generate(GenerationRequest(MODEL, text, to, **options), timeout=60)
+    return engine.generate(GenerationRequest(engine.manifest.name, text, to, **options), timeout=60)
 
 
 def has_cjk(text: str) -> bool:
     return any("\u4e00" <= ch <= "\u9fff" for ch in text)
 
 
-def test_the_model_describes_itself(engine):
-    info = engine.info
+def test_the_transformer_describes_itself(transformer):
+    info = transformer.info
     assert info.task == "translation"
     assert info.source_languages == ["en", "zh-TW"] and info.target_languages == ["en", "zh-TW"]
     assert info.max_source_tokens == 256 and info.attention_layers == 3 and info.attention_heads == 4
@@ -90,7 +104,7 @@ def test_batched_equals_alone(engine):
              "Show hidden files", "找不到檔案", "The weather is nice today."]
     targets = ["en" if has_cjk(t) else "zh-TW" for t in texts]
     alone = [translate(engine, t, to) for t, to in zip(texts, targets)]
-    futures = [engine.submit(GenerationRequest(MODEL, t, to)) for t, to in zip(texts, targets)]
+    futures = [engine.submit(GenerationRequest(engine.manifest.name, t, to)) for t, to in zip(texts, targets)]
     together = [f.result(timeout=60) for f in futures]
     assert max(r.timings.batch_size for r in together) > 1
     assert [r.text for r in together] == [r.text for r in alone]
@@ -104,10 +118,10 @@ def test_beam_search_scores_at_least_as_well_as_greedy(engine):
     assert length_normalized(beam) >= length_normalized(greedy) - 1e-6
 
 
-def test_unset_layer_is_the_models_best_aligned_layer(engine):
+def test_unset_layer_is_the_transformers_best_aligned_layer(transformer):
     """The manifest names layer 1 (the middle layer aligns words best); a request without a layer gets it."""
-    default = translate(engine, "Open the file", "zh-TW", attention=WORDS).attention
+    default = translate(transformer, "Open the file", "zh-TW", attention=WORDS).attention
     explicit = translate(
-        engine, "Open the file", "zh-TW", attention=AttentionOptions(True, 1, AttentionGranularity.WORDS)
+        transformer, "Open the file", "zh-TW", attention=AttentionOptions(True, 1, AttentionGranularity.WORDS)
     ).attention
     assert default.layer == 1 and default == explicit

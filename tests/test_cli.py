@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -176,3 +177,92 @@ def test_stream_on_the_real_model_prints_the_unary_text(capsys, tiny_server):
     _, unary, _ = run(capsys, *argv, "--max-tokens", "12")
     _, streamed, _ = run(capsys, *argv, "--max-tokens", "12", "--stream")
     assert streamed == unary
+
+
+# ---- languages and input kinds come from the server ----------------------------------------------------
+
+
+def _fake(name: str, sources: list[str], targets: list[str], **info):
+    from fakes import FakeEngine
+
+    engine = FakeEngine(name)
+    engine.info = dataclasses.replace(engine.info, source_languages=sources, target_languages=targets, **info)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def other_languages():
+    """(address, engines): fakes for ja <-> en, en -> fr, de <-> en, and an audio model."""
+    from attnserve.server import app
+    from attnserve.server.generation import AudioInputInfo, InputKind
+
+    speech = AudioInputInfo(sample_rate_hz=16000, max_seconds=30.0, max_bytes=1048576, seconds_per_column=0.04)
+    engines = [
+        _fake("ja-en", ["ja", "en"], ["ja", "en"]),
+        _fake("en-fr", ["en"], ["fr"]),
+        _fake("de-en", ["de", "en"], ["de", "en"]),
+        _fake("speech", ["en"], ["en"], task="speech-recognition", input_kind=InputKind.AUDIO, audio=speech,
+              max_source_tokens=750),
+    ]
+    with app.BackgroundServer({e.info.name: e for e in engines}) as background:
+        yield background.address, {e.info.name: e for e in engines}
+
+
+@pytest.mark.parametrize(
+    "model,text,target",
+    [
+        ("ja-en", "東京の天気", "en"),
+        ("ja-en", "とうきょう", "en"),
+        ("ja-en", "Tokyo weather", "ja"),
+        ("en-fr", "Open the file", "fr"),  # the only target language
+        ("de-en", "Datei öffnen", ""),  # two Latin-script languages: the server's default decides
+    ],
+)
+def test_translate_asks_the_server_for_the_models_languages(capsys, other_languages, model, text, target):
+    address, engines = other_languages
+    status, _, err = run(capsys, "translate", text, "--model", model, "--address", address)
+    assert status == 0, err
+    assert engines[model].requests[-1].target_language == target
+
+
+def test_to_is_sent_as_given_without_asking(capsys, other_languages):
+    address, engines = other_languages
+    status, _, _ = run(capsys, "translate", "abc", "--to", "de", "--model", "de-en", "--address", address)
+    assert status == 0 and engines["de-en"].requests[-1].target_language == "de"
+
+
+def test_models_shows_each_input_kind_and_its_limits(capsys, other_languages):
+    address, _ = other_languages
+    status, out, _ = run(capsys, "models", "--address", address)
+    lines = out.splitlines()
+    names = [line.split(" ")[0] for line in lines if line[0] != " "]
+    assert status == 0 and names == ["de-en", "en-fr", "ja-en", "speech"]
+    speech = lines[lines.index(next(line for line in lines if line.startswith("speech "))) :][:5]
+    assert speech[1] == (
+        "  input: audio (WAV or samples, resampled to 16000 Hz), at most 30 s and 1048576 bytes; "
+        "0.04 s per attention column"
+    )
+    assert speech[3] == "  limits: 750 attention columns, 8 new tokens"
+    assert "  input: text" in lines
+
+
+@pytest.mark.parametrize(
+    "sources,targets,text,target",
+    [
+        (["en", "zh-TW"], ["en", "zh-TW"], "知識就是力量", "en"),
+        (["en", "zh-TW"], ["en", "zh-TW"], "Open 檔案", "en"),  # any CJK: Chinese text with an English name
+        (["en", "zh-TW"], ["en", "zh-TW"], "Knowledge", "zh-TW"),
+        (["ko", "en"], ["ko", "en"], "안녕하세요", "en"),
+        (["ru", "en"], ["en", "ru"], "Привет", "en"),
+        (["ru", "en"], ["en", "ru"], "Hello", "ru"),
+        (["en", "zh-TW"], ["en", "zh-TW"], "12345", ""),  # no letters: no guess
+        (["en", "zh-TW"], ["en", "zh-TW"], "Привет", ""),  # a script the model does not read
+        (["en"], ["en"], "anything", "en"),
+    ],
+)
+def test_default_target_guesses_the_source_language_by_script(sources, targets, text, target):
+    from attnserve.clients import languages
+    from attnserve.server.generation import ModelInfo
+
+    info = ModelInfo("m", 1, "translation", "", sources, targets, 10, 10, 1, 1)
+    assert languages.default_target(info, text) == target

@@ -163,6 +163,62 @@ def test_model_info_round_trips():
     assert convert.model_info_from_proto(convert.model_info_to_proto(info)) == info
 
 
+@pytest.mark.parametrize(
+    "kind_fields",
+    [
+        {"input_kind": generation.InputKind.AUDIO, "audio": generation.AudioInputInfo(16000, 30.0, 1 << 24, 0.04)},
+        {"input_kind": generation.InputKind.IMAGE, "image": generation.ImageInputInfo(224, 224, 7, 7, 1 << 23)},
+    ],
+    ids=["audio", "image"],
+)
+def test_model_info_of_every_input_kind_round_trips(kind_fields):
+    info = dataclasses.replace(FakeEngine().info, **kind_fields)
+    wire = convert.model_info_to_proto(info)
+    assert wire.HasField("audio") == (info.audio is not None) and wire.HasField("image") == (info.image is not None)
+    assert convert.model_info_from_proto(wire) == info
+
+
+def test_model_info_without_a_kind_is_a_text_model():
+    wire = convert.model_info_to_proto(FakeEngine().info)
+    wire.input_kind = pb.INPUT_KIND_UNSPECIFIED  # what a server from before input kinds sends
+    assert convert.model_info_from_proto(wire).input_kind is generation.InputKind.TEXT
+    wire.input_kind = 9
+    with pytest.raises(ValueError, match="unknown input kind 9"):
+        convert.model_info_from_proto(wire)
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        {"audio": generation.AudioInput(wav=b"RIFF....WAVE")},
+        {"audio": generation.AudioInput(samples=np.array([0.5, -0.25], np.float32), sample_rate_hz=8000)},
+        {"image": generation.ImageInput(b"\x89PNG")},
+    ],
+    ids=["wav", "samples", "image"],
+)
+def test_audio_and_image_requests_round_trip(inputs):
+    request = generation.GenerationRequest("m", target_language="en", **inputs)
+    wire = convert.request_to_proto(request)
+    assert wire.WhichOneof("input") == next(iter(inputs))
+    assert convert.request_from_proto(wire) == request
+
+
+def test_a_request_with_two_inputs_cannot_be_sent():
+    request = generation.GenerationRequest("m", "text", audio=generation.AudioInput(wav=b"RIFF"))
+    with pytest.raises(ValueError, match="carries one input; this one has text and audio"):
+        convert.request_to_proto(request)
+
+
+def test_audio_request_builds_wav_and_sample_requests():
+    from attnserve.clients.client import audio_request
+
+    wav = audio_request(b"RIFF", model="speech", to="en", attention=True)
+    assert wav.audio == generation.AudioInput(wav=b"RIFF") and wav.text == "" and wav.attention.enabled
+    samples = audio_request([0.0, 0.5], 8000, model="speech")
+    assert samples.audio.samples.dtype == np.float32 and samples.audio.sample_rate_hz == 8000
+    assert samples.audio != generation.AudioInput(samples=np.array([0.0, 0.25], np.float32), sample_rate_hz=8000)
+
+
 def test_ragged_attention_is_a_broken_invariant():
     matrix = AttentionMatrix([[1.0, 0.0], [1.0]], ["a", "b"], ["x", "y"], 0, "")
     with pytest.raises(RuntimeError, match="2 x 2"):

@@ -15,10 +15,10 @@ from attnserve.server.decoding import (
     PreparedRequest,
     decode,
     make_strategy,
-    pad_sources,
 )
 from attnserve.server.generation import FinishReason, GenerationRequest
 from attnserve.server.manifest import parse_manifest
+from attnserve.server.preprocessing import TextPreprocessor, TextSource, pad_batch
 from attnserve.server.repository import find_models, open_runtime
 from attnserve.server.tokenization import Tokenizer
 from fakes import MIXED_MAX_NEW, MIXED_TEXTS
@@ -38,7 +38,7 @@ def prepare(model, index: int, beam_size: int = 1, attention_layer: int | None =
     language = manifest.target_languages[index % 2]
     return PreparedRequest(
         request=GenerationRequest("tiny-translate", TEXTS[index], language),
-        source_ids=tuple(tokenizer.encode(TEXTS[index])),
+        source=TextSource(tuple(tokenizer.encode(TEXTS[index]))),
         target_language=language,
         start_id=manifest.decoder_start[language],
         max_new_tokens=MAX_NEW[index],
@@ -47,10 +47,20 @@ def prepare(model, index: int, beam_size: int = 1, attention_layer: int | None =
     )
 
 
+def build(manifest, runtime, sources) -> Batch:
+    """A batch of text sources (TextSource or plain id sequences)."""
+    sources = [s if isinstance(s, TextSource) else TextSource(tuple(s)) for s in sources]
+    return Batch.build(manifest, runtime, TextPreprocessor(manifest, None).collate(sources))
+
+
+def pad_sources(sources, pad):
+    return pad_batch([np.asarray(s.ids if isinstance(s, TextSource) else s, dtype=np.int64) for s in sources], pad)
+
+
 def run(model, requests, eos, strategy_class=None):
     """Decodes requests as one batch; returns {index: hypothesis} and {index: step it finished at}."""
     manifest, runtime, _ = model
-    batch = Batch.build(manifest, runtime, [r.source_ids for r in requests])
+    batch = build(manifest, runtime, [r.source for r in requests])
     strategy = (strategy_class or type(make_strategy(requests, eos)))(requests, eos)
     done, steps = {}, {}
     for step, events in enumerate(decode(batch, strategy)):
@@ -62,7 +72,7 @@ def run(model, requests, eos, strategy_class=None):
 
 
 def torch_greedy(torch_model, request: PreparedRequest, eos: int):
-    ids, mask = pad_sources([request.source_ids], 0)
+    ids, mask = pad_sources([request.source], 0)
     tokens, attention = torch_model.greedy_decode(
         torch.from_numpy(ids), torch.from_numpy(mask), torch.tensor([request.start_id]), eos, request.max_new_tokens
     )
@@ -85,10 +95,13 @@ def eos(model, tiny_torch_model):
     pytest.fail("no output token ends some rows but not others; change TEXTS")
 
 
-def test_pad_sources():
+def test_pad_batch():
     ids, mask = pad_sources([[5, 6, 2], [7, 2]], pad=0)
     np.testing.assert_array_equal(ids, [[5, 6, 2], [7, 2, 0]])
     np.testing.assert_array_equal(mask, [[1, 1, 1], [1, 1, 0]])
+    frames, mask = pad_batch([np.ones((5, 2), np.float32), np.ones((2, 2), np.float32)], 0.0, multiple=4)
+    assert frames.shape == (2, 8, 2) and frames.dtype == np.float32 and frames[1, 2:].sum() == 0
+    np.testing.assert_array_equal(mask.sum(axis=1), [5, 2])
 
 
 def test_greedy_over_onnx_equals_pytorch_reference(model, tiny_torch_model, eos):
@@ -104,7 +117,7 @@ def test_greedy_over_onnx_equals_pytorch_reference(model, tiny_torch_model, eos)
         assert hyp.finish_reason is (FinishReason.LENGTH if len(tokens) == MAX_NEW[i] else FinishReason.EOS)
         if tokens:
             np.testing.assert_allclose(hyp.attention, attention, atol=ATOL)
-        assert hyp.attention.shape == (len(tokens), 2, 4, len(request.source_ids))
+        assert hyp.attention.shape == (len(tokens), 2, 4, request.source.length)
 
 
 def test_a_row_that_ends_at_once_has_no_tokens(model, tiny_torch_model):
@@ -113,7 +126,7 @@ def test_a_row_that_ends_at_once_has_no_tokens(model, tiny_torch_model):
     eos = first[0]  # request 0's first token: it ends at step 0
     done, _ = run(model, requests, eos)
     assert done[0].finish_reason is FinishReason.EOS and done[0].token_ids.tolist() == []
-    assert done[0].attention.shape == (0, 2, 4, len(requests[0].source_ids))
+    assert done[0].attention.shape == (0, 2, 4, requests[0].source.length)
     assert any(len(h.token_ids) for h in done.values())
     for i, request in enumerate(requests):
         assert done[i].token_ids.tolist() == torch_greedy(tiny_torch_model, request, eos)[0]
@@ -144,16 +157,16 @@ def test_requests_without_attention_get_none_and_same_tokens(model, eos):
 def test_filter_and_select_keep_each_rows_computation(model):
     manifest, runtime, _ = model
     requests = [prepare(model, i) for i in (0, 4, 5)]
-    sources = [r.source_ids for r in requests]
+    sources = [r.source for r in requests]
     tokens = np.array([r.start_id for r in requests])
-    batch = Batch.build(manifest, runtime, sources)
+    batch = build(manifest, runtime, sources)
     batch.step(tokens)
     batch.step(np.array([9, 10, 11]))
     batch.filter([0, 2])  # drops the longest source: its padding columns go too
     got = batch.step(np.array([12, 13]))
-    assert got.attention.shape[-1] == max(len(sources[0]), len(sources[2]))
+    assert got.attention.shape[-1] == max(sources[0].length, sources[2].length)
 
-    fresh = Batch.build(manifest, runtime, [sources[0], sources[2]])
+    fresh = build(manifest, runtime, [sources[0], sources[2]])
     fresh.step(tokens[[0, 2]])
     fresh.step(np.array([9, 11]))
     want = fresh.step(np.array([12, 13]))
@@ -173,7 +186,7 @@ def test_cancelled_request_leaves_without_disturbing_the_others(model, eos):
     requests = [prepare(model, i) for i in range(4)]
     strategy = GreedySearch(requests, eos)
     done = {}
-    for step, events in enumerate(decode(Batch.build(manifest, runtime, [r.source_ids for r in requests]), strategy)):
+    for step, events in enumerate(decode(build(manifest, runtime, [r.source for r in requests]), strategy)):
         if step == 0:
             strategy.cancel(2)
         done.update({h.index: h for h in events.finished})
@@ -187,10 +200,10 @@ def test_streamed_step_attention_is_the_hypothesis_attention(model, eos):
     requests = [prepare(model, i, attention_layer=None if i == 1 else 1) for i in range(4)]
     streamed = {i: [] for i in range(4)}  # per request, each streamed token's (L, H, S) attention
     done = {}
-    batch = Batch.build(manifest, runtime, [r.source_ids for r in requests])
+    batch = build(manifest, runtime, [r.source for r in requests])
     for events in decode(batch, GreedySearch(requests, eos)):
         for e, i in enumerate(events.requests.tolist()):
-            streamed[i].append(events.attention[e, ..., : len(requests[i].source_ids)])
+            streamed[i].append(events.attention[e, ..., : requests[i].source.length])
         done.update({h.index: h for h in events.finished})
     assert done[1].attention is None
     for i in (0, 2, 3):
@@ -200,7 +213,7 @@ def test_streamed_step_attention_is_the_hypothesis_attention(model, eos):
 def test_steps_carry_no_attention_when_no_request_wants_it(model, eos):
     manifest, runtime, _ = model
     requests = [prepare(model, i, attention_layer=None) for i in range(2)]
-    batch = Batch.build(manifest, runtime, [r.source_ids for r in requests])
+    batch = build(manifest, runtime, [r.source for r in requests])
     assert all(events.attention is None for events in decode(batch, GreedySearch(requests, eos)))
 
 
@@ -235,7 +248,7 @@ class EosBias:
 
 def teacher_forced(torch_model, request, tokens, bias: EosBias):
     """PyTorch log-probabilities and attention (n, L, H, S) of a given output, uncached, with the EOS bias."""
-    ids, mask = (torch.from_numpy(a) for a in pad_sources([request.source_ids], 0))
+    ids, mask = (torch.from_numpy(a) for a in pad_sources([request.source], 0))
     target = torch.tensor([[request.start_id, *tokens]])
     t = target.shape[1]
     with torch.no_grad():
@@ -330,7 +343,9 @@ def test_replaced_state_model_batched_equals_alone(beam_size):
     manifest, runtime = parse_manifest(RECURRENT_MANIFEST), RecurrentRuntime()
     rng = np.random.default_rng(1)
     requests = [
-        PreparedRequest(GenerationRequest("toy", "t"), tuple(rng.integers(3, V, n)) + (2,), "y", 3, m, beam_size, 0)
+        PreparedRequest(
+            GenerationRequest("toy", "t"), TextSource(tuple(rng.integers(3, V, n)) + (2,)), "y", 3, m, beam_size, 0
+        )
         for n, m in [(7, 9), (2, 3), (12, 9), (4, 1), (9, 6)]
     ]
     model = (manifest, runtime, None)

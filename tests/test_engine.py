@@ -92,7 +92,7 @@ def test_bad_requests_raise_before_queueing(engine, changes, message):
     fields = {"model": MODEL, "text": "Save", **changes}
     if fields["text"].startswith("知"):
         assert len(engine.tokenizer.encode(fields["text"])) == 49, "the tokenizer changed; fix the length"
-        assert engine.prepare(GenerationRequest(MODEL, "知" * 47)).source_ids[-1] == 2  # 48 tokens: accepted
+        assert engine.prepare(GenerationRequest(MODEL, "知" * 47)).source.ids[-1] == 2  # 48 tokens: accepted
     with pytest.raises(ValueError, match=message):
         engine.submit(GenerationRequest(**fields))
 
@@ -209,7 +209,7 @@ def test_streamed_tokens_carry_no_row_without_attention(engine, beam_size):
 def test_a_cancelled_request_leaves_its_batch_and_its_neighbours_go_on(tiny_model_repo, engine):
     recording, runtime = recording_engine(tiny_model_repo, MODEL, BatchingOptions(3, 60.0))
     long, neighbours = request(2, max_new_tokens=40), [request(1), request(7)]
-    lengths = [len(engine.prepare(r).source_ids) for r in (long, *neighbours)]
+    lengths = [engine.prepare(r).source.length for r in (long, *neighbours)]
     assert len(set(lengths)) == 3, "the test tells the rows apart by source length"
     futures, streamed = {}, []
 

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from attnserve.server.manifest import load_manifest, parse_manifest
+from fakes import captioner_manifest, speller_manifest
 
 
 def contract_example() -> dict:
@@ -150,3 +151,87 @@ def test_a_manifest_that_is_not_utf8_names_the_file(tmp_path):
     bad.write_bytes(b"\xff\xfe{}")
     with pytest.raises(ValueError, match="manifest.json: not UTF-8 text"):
         load_manifest(bad)
+
+
+# ---- input kinds ----------------------------------------------------------------------------------------
+
+
+def test_a_manifest_without_input_is_text_and_so_is_an_explicit_text_input():
+    implicit = parse_manifest(contract_example())
+    data = contract_example()
+    data["input"] = {"kind": "text"}
+    explicit = parse_manifest(data)
+    assert implicit.input == explicit.input and implicit.input.kind == "text"
+    assert implicit.encoder.inputs == {"input_ids": "input_ids", "attention_mask": "attention_mask"}
+    assert implicit.limits.max_source_tokens == 256
+
+
+def test_the_bundled_manifest_still_loads_as_text():
+    from pathlib import Path
+
+    m = load_manifest(Path(__file__).resolve().parents[1] / "models" / "translate-zh-en" / "1" / "manifest.json")
+    assert m.input.kind == "text" and set(m.encoder.inputs) == {"input_ids", "attention_mask"}
+
+
+def test_the_speller_example_parses_as_audio():
+    m = parse_manifest(speller_manifest())
+    spec = m.input
+    assert spec.kind == "audio" and spec.time_reduction == 4 and spec.max_seconds == 30.0
+    f = spec.features
+    assert (f.sample_rate_hz, f.n_mels, f.window_ms, f.shift_ms, f.fft_size) == (16000, 80, 25, 10, 512)
+    assert f.log_floor == 1e-10
+    assert spec.seconds_per_column == pytest.approx(0.04)
+    assert spec.encoder_inputs()["input_features"].shape == (None, None, 80)
+    assert m.limits.max_source_tokens is None and m.limits.max_new_tokens == 400
+    assert [s.init_from for s in m.state] == ["initial_state.hidden", "initial_state.cell", None]
+
+
+def test_the_captioner_example_parses_as_image():
+    spec = parse_manifest(captioner_manifest()).input
+    assert spec.kind == "image" and (spec.height, spec.width, spec.channels) == (224, 224, 3)
+    assert spec.std == (0.229, 0.224, 0.225) and (spec.grid_rows, spec.grid_cols) == (7, 7)
+    assert spec.encoder_inputs()["pixel_values"].shape == (None, 3, 224, 224)
+
+
+@pytest.mark.parametrize(
+    "example,path,value,message",
+    [
+        ("speller", "input.kind", "video", "field 'input' kind 'video' is not one of ['text', 'audio', 'image']"),
+        ("speller", "input.kind", KeyError, "missing field 'input.kind'"),
+        ("speller", "input.sample_rate_hz", 0, "field 'input.sample_rate_hz' must be >= 1"),
+        ("speller", "input.features.type", "mfcc", "field 'input.features' type 'mfcc' is not one of ['log-mel']"),
+        ("speller", "input.features.n_mels", KeyError, "missing field 'input.features.n_mels'"),
+        ("speller", "input.features.shift_ms", "10", "field 'input.features.shift_ms' must be int or float"),
+        ("speller", "input.features.log_floor", 0, "field 'input.features.log_floor' must be > 0"),
+        ("speller", "input.features.n_fft", 256, "field 'input.features' n_fft 256 is shorter than the window"),
+        ("speller", "input.time_reduction", 0, "field 'input.time_reduction' must be >= 1"),
+        ("speller", "input.max_seconds", -1, "field 'input.max_seconds' must be > 0"),
+        ("speller", "input.max_bytes", KeyError, "missing field 'input.max_bytes'"),
+        ("speller", "limits.max_source_tokens", 9, "max_source_tokens applies to text input"),
+        ("speller", "encoder.inputs", {"input_ids": "x", "attention_mask": "y"},
+         "field 'encoder.inputs' must name the encoder input of each role of audio input"),
+        ("text", "encoder.inputs", {"input_ids": "input_ids"}, "role of text input, ['attention_mask', 'input_ids']"),
+        ("text", "limits.max_source_tokens", KeyError, "missing field 'limits.max_source_tokens'"),
+        ("captioner", "input.channels", 2, "field 'input' channels 2 is not 1 (grey) or 3 (RGB)"),
+        ("captioner", "input.normalize.mean", [0.5, 0.5], "field 'input.normalize.mean' must be a list of 3 numbers"),
+        ("captioner", "input.normalize.std", [1, 0, 1], "must be a list of 3 positive numbers"),
+        ("captioner", "input.grid.rows", 300, "300 x 7 cells do not fit a 224 x 224 image"),
+    ],
+)
+def test_broken_input_fields_are_named(example, path, value, message):
+    data = {"speller": speller_manifest, "captioner": captioner_manifest, "text": contract_example}[example]()
+    _set(data, path, value)
+    with pytest.raises(ValueError, match="^where.json:") as info:
+        parse_manifest(data, where="where.json")
+    assert message in str(info.value)
+
+
+def test_the_contract_documents_the_speller_example_that_parses():
+    import pathlib
+    import re
+
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "model-contract.md").read_text()
+    section = doc[doc.index("## A third worked example") :]
+    block = re.search(r"```json\n(.*?)\n```", section, re.S).group(1)
+    assert json.loads(block) == speller_manifest()
+    assert parse_manifest(json.loads(block)).input.kind == "audio"

@@ -154,8 +154,13 @@ def test_list_and_get_model(served):
         ),
         (
             pb.GenerateRequest(model="fake-translate", audio=pb.AudioInput(data=b"RIFF")),
-            grpc.StatusCode.UNIMPLEMENTED,
-            "audio input is not served yet",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "model 'fake-translate' takes text input, not audio",
+        ),
+        (
+            pb.GenerateRequest(model="fake-translate", image=pb.ImageInput(data=b"\x89PNG")),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "model 'fake-translate' takes text input, not image",
         ),
     ],
 )
@@ -178,6 +183,7 @@ def test_get_unknown_model_is_invalid_argument(served):
     "exc, code",
     [
         (ValueError("source is too long"), grpc.StatusCode.INVALID_ARGUMENT),
+        (generation.InputTooLargeError("audio is 31 s long"), grpc.StatusCode.OUT_OF_RANGE),
         (NotImplementedError("beam search"), grpc.StatusCode.UNIMPLEMENTED),
         (generation.OverloadedError("queue full"), grpc.StatusCode.RESOURCE_EXHAUSTED),
         (generation.UnavailableError("closing"), grpc.StatusCode.UNAVAILABLE),
