@@ -1,0 +1,142 @@
+"""Scores an exported speech model through the serving engine (ONNX Runtime, dynamic batching): CER and WER
+on corpus splits, overall and per voice, and how well its attention places words in time.
+
+    python -m attnserve.export.speech.evaluate --model-dir models/speech-en/1 --corpus data/speech \\
+        --splits test_seen test_heldout_voices --out models/speech-en/scores.json
+
+The server computes no word timestamps. What it returns is the attention at word granularity: one row per
+output word (its characters' rows averaged) over time-span columns. The "word timing" figures read a
+word's time as the attention-weighted centre of its row and compare it with the middle of the word in the
+corpus (the synthesizer's own word times), on clips transcribed exactly and whose word times are exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import time
+
+import numpy as np
+
+from attnserve.export.speech.scoring import error_rate
+
+ESPEAK = "espeak-ng"
+
+
+def voice_group(row: dict) -> str:
+    """The voice a score is reported under: espeak-ng variants by accent, other engines by voice."""
+    if row["engine"] == ESPEAK:
+        return f"{ESPEAK}:{row['voice'].split('+')[0]}"
+    return f"{row['engine']}:{row['voice']}"
+
+
+def open_engine(model_dir: pathlib.Path, max_batch: int = 16):
+    """The model of a version folder (models/<name>/<version>), loaded as `attnserve serve` loads it."""
+    from attnserve.server.batcher import BatchingOptions
+    from attnserve.server.engine import load_engine
+    from attnserve.server.repository import find_models
+
+    name = model_dir.parent.name
+    models = find_models(model_dir.parent.parent)
+    if models[name].path.resolve() != model_dir.resolve():
+        raise ValueError(f"{model_dir} is not the newest version of {name}; the server would serve {models[name].path}")
+    return load_engine(models[name], batching=BatchingOptions(max_batch_size=max_batch, window_seconds=0.05))
+
+
+def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, attention: bool) -> list:
+    """Served results in row order; clips are submitted shortest first so batches pad little."""
+    from attnserve.server.generation import (AttentionGranularity, AttentionOptions, AudioInput, DecodingOptions,
+                                             GenerationRequest)
+
+    options = AttentionOptions(enabled=attention, granularity=AttentionGranularity.WORDS)
+    order = sorted(range(len(rows)), key=lambda i: rows[i]["duration"])
+    results = [None] * len(rows)
+    for begin in range(0, len(order), 128):  # stay under the batcher's queue bound
+        chunk = order[begin : begin + 128]
+        futures = [
+            engine.submit(GenerationRequest(
+                engine.manifest.name, audio=AudioInput(wav=(corpus / rows[i]["path"]).read_bytes()),
+                decoding=DecodingOptions(beam_size=beam_size), attention=options,
+            ))
+            for i in chunk
+        ]
+        for i, future in zip(chunk, futures):
+            results[i] = future.result()
+    return results
+
+
+def word_time_errors(row: dict, result) -> list[float]:
+    """|attention centre - corpus word middle| in seconds per word, for an exact transcript with exact times."""
+    if result.text != row["text"] or row["inexact_words"] or result.attention is None:
+        return []
+    spans = [tuple(map(float, label.split("-"))) for label in result.attention.col_labels]
+    centres = np.array([(a + b) / 2 for a, b in spans])  # (S,)
+    weights = np.asarray(result.attention.weights)  # (words, S)
+    if weights.shape[0] != len(row["words"]):
+        return []
+    estimated = weights @ centres / np.maximum(weights.sum(1), 1e-9)
+    return [abs(t - (start + end) / 2) for t, (_, start, end) in zip(estimated, row["words"])]
+
+
+def score_split(engine, corpus: pathlib.Path, split: str, beam_size: int, limit: int | None) -> dict:
+    rows = [json.loads(line) for line in (corpus / f"{split}.jsonl").read_text().splitlines() if line.strip()]
+    rows = rows[:limit] if limit else rows
+    started = time.monotonic()
+    results = transcribe(engine, corpus, rows, beam_size, attention=True)
+    seconds = time.monotonic() - started
+    hypotheses, references = [r.text for r in results], [row["text"] for row in rows]
+    groups = collections.defaultdict(list)
+    for i, row in enumerate(rows):
+        groups[voice_group(row)].append(i)
+    timing = [e for row, result in zip(rows, results) for e in word_time_errors(row, result)]
+    audio = sum(row["duration"] for row in rows)
+    return {
+        "clips": len(rows),
+        "hours": round(audio / 3600, 3),
+        "cer": error_rate(hypotheses, references, "char"),
+        "wer": error_rate(hypotheses, references, "word"),
+        "by_voice": {
+            voice: {
+                "clips": len(ix),
+                "cer": error_rate([hypotheses[i] for i in ix], [references[i] for i in ix], "char"),
+                "wer": error_rate([hypotheses[i] for i in ix], [references[i] for i in ix], "word"),
+            }
+            for voice, ix in sorted(groups.items())
+        },
+        "word_timing": {
+            "words": len(timing),
+            "median_abs_error_s": float(np.median(timing)) if timing else None,
+            "mean_abs_error_s": float(np.mean(timing)) if timing else None,
+            "within_100ms": float(np.mean(np.array(timing) <= 0.1)) if timing else None,
+        },
+        "audio_seconds_per_second": audio / seconds,
+        "examples": [{"voice": voice_group(rows[i]), "reference": references[i], "hypothesis": hypotheses[i]}
+                     for i in range(min(5, len(rows)))],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=pathlib.Path, required=True, help="version folder, e.g. models/speech-en/1")
+    parser.add_argument("--corpus", type=pathlib.Path, default=pathlib.Path("data/speech"))
+    parser.add_argument("--splits", nargs="+", default=["test_seen", "test_heldout_voices"])
+    parser.add_argument("--beam-size", type=int, default=1)
+    parser.add_argument("--limit", type=int, help="score only the first N clips of each split (a quick look)")
+    parser.add_argument("--out", type=pathlib.Path, help="write the scores here as JSON")
+    args = parser.parse_args()
+    engine = open_engine(args.model_dir)
+    try:
+        scores = {"model": str(args.model_dir), "beam_size": args.beam_size,
+                  "splits": {s: score_split(engine, args.corpus, s, args.beam_size, args.limit) for s in args.splits}}
+    finally:
+        engine.close()
+    text = json.dumps(scores, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

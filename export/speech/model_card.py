@@ -1,0 +1,125 @@
+"""Writes the speech model's card (README.md next to its version folders) from what was measured.
+
+    python -m attnserve.export.speech.model_card --checkpoint RUN/best.pt --scores models/speech-en/scores.json \\
+        --corpus-stats data/speech/stats.json --model-dir models/speech-en/1
+
+Data hours per voice come from the corpus builder's stats.json, training time and dev history from the
+checkpoint, test scores from `attnserve.export.speech.evaluate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import torch
+
+from attnserve.export.model_card import size_table
+
+
+def data_lines(stats: dict) -> list[str]:
+    """Hours of audio per voice and split (espeak-ng's many variants summed, as the stats give them)."""
+    splits = stats["splits"]
+    voices = sorted({v for s in splits.values() for v in s.get("hours_by_voice", {})})
+    lines = ["| voice | " + " | ".join(splits) + " |", "|---|" + "---|" * len(splits)]
+    for voice in voices:
+        cells = [f"{s['hours_by_voice'][voice]:.2f}" if voice in s.get("hours_by_voice", {}) else "-" for s in splits.values()]
+        lines.append(f"| {voice} | " + " | ".join(cells) + " |")
+    lines.append("| **total** | " + " | ".join(f"**{s['hours']:.2f}**" for s in splits.values()) + " |")
+    return lines
+
+
+def score_lines(scores: dict) -> list[str]:
+    lines = ["| split | clips | hours | CER | WER | word timing: median / mean error, within 100 ms |",
+             "|---|---|---|---|---|---|"]
+    for name, s in scores["splits"].items():
+        t = s["word_timing"]
+        timing = (f"{t['median_abs_error_s'] * 1000:.0f} / {t['mean_abs_error_s'] * 1000:.0f} ms, "
+                  f"{t['within_100ms']:.0%} ({t['words']:,} words)") if t["words"] else "no exact clips"
+        lines.append(f"| {name} | {s['clips']} | {s['hours']:.2f} | {s['cer']:.1%} | {s['wer']:.1%} | {timing} |")
+    lines += ["", "| split | voice | clips | CER | WER |", "|---|---|---|---|---|"]
+    for name, s in scores["splits"].items():
+        lines += [f"| {name} | {voice} | {v['clips']} | {v['cer']:.1%} | {v['wer']:.1%} |" for voice, v in s["by_voice"].items()]
+    return lines
+
+
+def example_lines(scores: dict) -> list[str]:
+    lines = ["| split | voice | reference | model |", "|---|---|---|---|"]
+    for name, s in scores["splits"].items():
+        lines += [f"| {name} | {e['voice']} | {e['reference']} | {e['hypothesis']} |" for e in s["examples"]]
+    return lines
+
+
+def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path) -> str:
+    cfg, state = checkpoint["config"], checkpoint["state"]
+    params = sum(v.numel() for k, v in checkpoint["model"].items() if not k.startswith("ctc_head"))
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    best = min(state["history"], key=lambda h: h["cer"])
+    reduction, r_ctc = 2 ** cfg["pyramid_layers"], 2 ** cfg["ctc_layer"]
+    return "\n".join([
+        f"# {manifest['name']} (version {manifest['version']})",
+        "",
+        "An English speech recognizer, listen, attend and spell (Chan et al. 2015), writing lower-case characters.",
+        "Exported to ONNX with the speller's h, c and attention context as replaced decoder state and the step's",
+        "attention as output (docs/model-contract.md): each output character's attention over 80 ms time spans.",
+        "Trained from scratch here, on 2 CPU cores, on synthesized speech only: expect it to fail on real voices.",
+        "",
+        "## Model",
+        f"- Listener: a BiLSTM ({cfg['listener_hidden']} units per direction) over 80 log-mel bands, then"
+        f" {cfg['pyramid_layers']} pyramid BiLSTMs halving time each ({reduction}x: one attention column per"
+        f" {10 * reduction} ms). Speller: one LSTM cell of {cfg['speller_hidden']} units with additive"
+        f" (content-based) attention; {cfg['vocab_size']} output ids (26 letters, apostrophe, word marker,"
+        f" 4 specials); {params / 1e6:.2f}M parameters served.",
+        f"- Limits: {manifest['input']['max_seconds']:g} s of audio, {manifest['limits']['max_new_tokens']} characters.",
+        "",
+        "## Training",
+        f"- {state['step']:,} steps, {state['epoch']} epochs + {state['batch_in_epoch']:,} batches,"
+        f" {state['audio_seconds'] / 3600:.1f} h of audio seen in {state['seconds'] / 60:.0f} minutes of compute"
+        f" ({state['audio_seconds'] / max(state['seconds'], 1):.0f} audio-s/s on 2 shared CPU cores).",
+        f"- Joint CTC-attention loss (0.3 CTC on the {r_ctc}x layer + 0.7 cross-entropy, label smoothing 0.1), Adam,"
+        " warm-up then inverse-square-root decay, mel warp 0.85-1.18 and SpecAugment masks, padded length-sorted"
+        f" batches. Selected by seen-voice dev CER: {best['cer']:.1%} (WER {best['wer']:.1%}) at step {best['step']:,}."
+        " Script: `python -m attnserve.export.speech.train`.",
+        "",
+        "## Data (hours of audio per voice)",
+        "",
+        "Synthesized by `python -m attnserve.export.speech.build`; held-out voices never train or select the model.",
+        "",
+        *data_lines(stats),
+        "",
+        f"## Scores (served, beam {scores['beam_size']})",
+        "",
+        *score_lines(scores),
+        "",
+        "The server returns no word timestamps; the timing columns read each output word's time from its",
+        "attention row (weighted centre of the time spans) against the synthesizer's word times, on exactly",
+        "transcribed clips.",
+        "",
+        "## Examples",
+        "",
+        *example_lines(scores),
+        "",
+        "## Files",
+        "",
+        *size_table(model_dir),
+        "",
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=pathlib.Path, required=True)
+    parser.add_argument("--scores", type=pathlib.Path, required=True, help="output of attnserve.export.speech.evaluate")
+    parser.add_argument("--corpus-stats", type=pathlib.Path, default=pathlib.Path("data/speech/stats.json"))
+    parser.add_argument("--model-dir", type=pathlib.Path, required=True, help="the exported version folder")
+    args = parser.parse_args()
+    checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+    card = render(checkpoint, json.loads(args.scores.read_text()), json.loads(args.corpus_stats.read_text()), args.model_dir)
+    out = args.model_dir.parent / "README.md"
+    out.write_text(card)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

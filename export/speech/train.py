@@ -1,0 +1,364 @@
+"""Trains the listen-attend-spell recognizer (export/speech/model.py) on the synthesized speech corpus.
+
+    python -m attnserve.export.speech.train --corpus data/speech --run ~/.cache/attnserve/runs/speech-en --minutes 120
+
+Seeded and resumable: the run folder keeps `last.pt` (rerunning the same command continues from it, at the
+same batch of the same epoch) and `best.pt` (lowest seen-voice dev CER), and logs to `<run>/train.log`.
+The log-mel features of each split are computed once (server/features.py, so training features are the
+served features) and cached under `--features` (fingerprinted: a rebuilt corpus is recomputed). Only `dev` (held-out sentences, seen voices) selects the
+model; the held-out voices are for evaluation alone.
+
+Each batch is padded and length-sorted (packed LSTMs train ~50x slower on CPU); the loss is the joint
+CTC-attention loss, 0.3 CTC (on the 4x-reduced listener layer) + 0.7 label-smoothed attention
+cross-entropy; a mel warp and SpecAugment masks perturb every training clip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import logging
+import math
+import pathlib
+import random
+import time
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from torch.nn import functional as F
+from tqdm import tqdm
+
+from attnserve.export.speech import vocabulary
+from attnserve.export.speech.feature_cache import SplitFeatures, load_split
+from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig, pad_features
+from attnserve.export.speech.scoring import error_rate
+from attnserve.export.speech.specaugment import AugmentOptions, SpecAugment
+
+log = logging.getLogger("attnserve.speech.train")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    # Padded audio per optimizer step, in seconds (longest clip x clips): batches of similar lengths.
+    batch_seconds: float = 120.0
+    # At most this many clips per batch, however short.
+    max_batch: int = 64
+    # Peak learning rate (Adam) reached after `warmup_steps`, then inverse-square-root decay.
+    lr: float = 1e-3
+    warmup_steps: int = 400
+    # Joint loss: ctc_weight * CTC + (1 - ctc_weight) * attention cross-entropy (Kim et al. 2017).
+    ctc_weight: float = 0.3
+    label_smoothing: float = 0.1
+    # Gradient norm clip (LSTMs occasionally spike).
+    clip_norm: float = 5.0
+    seed: int = 1234
+    # Minutes between checkpoints / dev evaluations.
+    checkpoint_minutes: float = 10.0
+    # Dev clips scored at each checkpoint (the first N; None = all): a smoke run's checkpoints stay quick.
+    dev_clips: int | None = None
+    # Clips whose per-band spread sets the listener's feature scale on the first start.
+    scale_clips: int = 1000
+    augment: AugmentOptions = AugmentOptions()
+
+    def __post_init__(self):
+        if not 0 <= self.ctc_weight <= 1:
+            raise ValueError(f"ctc_weight must be in [0, 1], got {self.ctc_weight}")
+        if self.batch_seconds <= 0 or self.max_batch < 1:
+            raise ValueError("batch_seconds and max_batch must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    features: torch.Tensor  # (B, T, M) raw log-mel, T a multiple of the time reduction
+    mask: torch.Tensor  # (B, T)
+    tgt_in: torch.Tensor  # (B, U) start token + characters, <pad>-padded
+    tgt_out: torch.Tensor  # (B, U) characters + EOS, <pad>-padded
+    seconds: float  # real audio in the batch
+
+    @property
+    def tokens(self) -> int:
+        return int((self.tgt_out != vocabulary.PAD_ID).sum())
+
+
+def make_batches(frames: list[int], opts: TrainOptions, rng: random.Random) -> list[list[int]]:
+    """Clip indices grouped by length (padding stays small) within the budget; batch order shuffled."""
+    budget = opts.batch_seconds * 100  # frames (10 ms shift)
+    order = sorted(range(len(frames)), key=lambda i: (frames[i], rng.random()))
+    batches, current = [], []
+    for i in order:
+        if current and (frames[i] * (len(current) + 1) > budget or len(current) == opts.max_batch):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(split: SplitFeatures, targets: list[list[int]], indices: list[int], multiple: int) -> Batch:
+    clips = [torch.from_numpy(np.array(split.features(i))) for i in indices]
+    features, mask = pad_features(clips, multiple)
+    u = max(len(targets[i]) for i in indices) + 1
+    tgt = torch.full((len(indices), u + 1), vocabulary.PAD_ID)
+    for row, i in enumerate(indices):
+        ids = [vocabulary.START_ID, *targets[i], vocabulary.EOS_ID]
+        tgt[row, : len(ids)] = torch.tensor(ids)
+    seconds = sum(split.utterances[i].duration for i in indices)
+    return Batch(features, mask, tgt[:, :-1], tgt[:, 1:], seconds)
+
+
+def losses(model: ListenAttendSpell, batch: Batch, label_smoothing: float, augment: SpecAugment | None = None):
+    """Summed attention cross-entropy and CTC loss of a batch (divide by batch.tokens for per-character), and
+    the CTC branch's (B, T', V) log-probabilities with their lengths."""
+    features = augment.warp(batch.features) if augment is not None else batch.features
+    logits, ctc, ctc_lengths = model(features, batch.mask, batch.tgt_in, augment)
+    attention = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), batch.tgt_out.reshape(-1),
+        ignore_index=vocabulary.PAD_ID, label_smoothing=label_smoothing, reduction="sum",
+    )
+    chars = batch.tgt_in[:, 1:]  # the transcript without start or EOS (EOS sits in tgt_out only)
+    lengths = (batch.tgt_out != vocabulary.PAD_ID).sum(1) - 1
+    ctc_loss = F.ctc_loss(
+        ctc.transpose(0, 1), chars, ctc_lengths, lengths,
+        blank=vocabulary.BLANK_ID, reduction="sum", zero_infinity=True,  # a few fast clips have too few frames
+    )
+    return attention, ctc_loss, (ctc, ctc_lengths)
+
+
+def joint_loss(model, batch: Batch, opts: TrainOptions, augment: SpecAugment | None = None) -> torch.Tensor:
+    attention, ctc, _ = losses(model, batch, opts.label_smoothing, augment)
+    return (opts.ctc_weight * ctc + (1 - opts.ctc_weight) * attention) / batch.tokens
+
+
+def ctc_greedy(log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
+    """Best path of each row: argmax per frame, repeats merged, blanks dropped."""
+    best = log_probs.argmax(-1)
+    out = []
+    for row, n in zip(best.tolist(), lengths.tolist()):
+        ids = [t for k, t in enumerate(row[:n]) if t != vocabulary.BLANK_ID and (k == 0 or t != row[k - 1])]
+        out.append(ids)
+    return out
+
+
+@torch.no_grad()
+def evaluate(model, split: SplitFeatures, targets, tokenizer: Tokenizer, opts: TrainOptions) -> dict:
+    """Dev losses per character, greedy attention CER / WER and CTC best-path CER (no augmentation)."""
+    model.eval()
+    frames = [u.frames for u in split.utterances]
+    attention_sum = ctc_sum = tokens = 0.0
+    hypotheses, ctc_hypotheses = [""] * len(frames), [""] * len(frames)
+    r = model.cfg.time_reduction
+    # Without gradients a batch can be 4x larger: fewer, wider decode loops.
+    wide = dataclasses.replace(opts, batch_seconds=4 * opts.batch_seconds, max_batch=4 * opts.max_batch)
+    for indices in make_batches(frames, wide, random.Random(0)):
+        batch = collate(split, targets, indices, r)
+        attention, ctc, ctc_outputs = losses(model, batch, 0.0)
+        attention_sum, ctc_sum, tokens = attention_sum + attention.item(), ctc_sum + ctc.item(), tokens + batch.tokens
+        longest = batch.features.shape[1] / 100  # seconds; no clip in the corpus reads over 32 characters/s
+        outputs, _ = model.greedy_decode(batch.features, batch.mask, math.ceil(32 * longest) + 8, vocabulary.suppressed_ids())
+        for i, ids, ctc_ids in zip(indices, outputs, ctc_greedy(*ctc_outputs)):
+            hypotheses[i], ctc_hypotheses[i] = tokenizer.decode(ids), tokenizer.decode(ctc_ids)
+    model.train()
+    references = [u.text for u in split.utterances]
+    return {
+        "attention_loss": attention_sum / tokens,
+        "ctc_loss": ctc_sum / tokens,
+        "cer": error_rate(hypotheses, references, "char"),
+        "wer": error_rate(hypotheses, references, "word"),
+        "ctc_cer": error_rate(ctc_hypotheses, references, "char"),
+        "examples": [{"reference": references[i], "hypothesis": hypotheses[i]} for i in range(3)],
+    }
+
+
+def feature_scale(model: ListenAttendSpell, split: SplitFeatures, clips: int, seed: int) -> torch.Tensor:
+    """Per-band standard deviation of clip-normalised features over a random sample of clips."""
+    picked = random.Random(seed).sample(range(len(split.utterances)), min(clips, len(split.utterances)))
+    total, square, count = torch.zeros(model.cfg.n_mels), torch.zeros(model.cfg.n_mels), 0
+    for i in picked:
+        x = torch.from_numpy(np.array(split.features(i)))[None]  # (1, T, M)
+        mask = torch.ones(x.shape[:2], dtype=torch.int64)
+        z = model.listener.normalize(x, mask)[0] * model.listener.feature_scale  # undo the current scale
+        total, square, count = total + z.sum(0), square + (z**2).sum(0), count + len(z)
+    mean = total / count
+    return (square / count - mean**2).sqrt()
+
+
+def data_id(split: SplitFeatures) -> str:
+    """Identifies a split's clips, transcripts and lengths (what the batch order depends on)."""
+    digest = hashlib.sha256()
+    for u in split.utterances:
+        digest.update(f"{u.id}\t{u.text}\t{u.frames}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def inverse_sqrt(step: int, opts: TrainOptions) -> float:
+    step = max(step, 1)
+    return opts.lr * min(step / opts.warmup_steps, math.sqrt(opts.warmup_steps / step))
+
+
+def save_checkpoint(path: pathlib.Path, model, optimizer, state: dict, tokenizer: Tokenizer) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "arch": "listen-attend-spell",
+            "config": dataclasses.asdict(model.cfg),
+            "tokenizer": tokenizer.to_str(),
+            "state": state,
+            "rng": torch.get_rng_state(),
+        },
+        tmp,
+    )
+    tmp.replace(path)  # atomic: a kill mid-save never leaves a broken checkpoint
+
+
+def load_model(path: pathlib.Path) -> tuple[ListenAttendSpell, Tokenizer, dict]:
+    """A checkpoint's model (eval mode), tokenizer and training state, for export and evaluation."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    model = ListenAttendSpell(ListenAttendSpellConfig(**ckpt["config"]))
+    model.load_state_dict(ckpt["model"])
+    # Today's tokenizer (its decoder may have been fixed since), provided it has the run's vocabulary.
+    tokenizer = vocabulary.character_tokenizer()
+    if Tokenizer.from_str(ckpt["tokenizer"]).get_vocab() != tokenizer.get_vocab():
+        raise ValueError(f"{path}: the run's character vocabulary differs from export/speech/vocabulary.py's")
+    return model.eval(), tokenizer, ckpt["state"]
+
+
+DEFAULT_FEATURES = pathlib.Path.home() / ".cache/attnserve/speech-features"
+
+
+def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ListenAttendSpellConfig, opts: TrainOptions,
+          features: pathlib.Path = DEFAULT_FEATURES):
+    # Data: cached features of the training split and the seen-voice dev split; transcripts as ids.
+    run.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(opts.seed)
+    tokenizer = vocabulary.character_tokenizer()
+    train_split = load_split(corpus, "train", features)
+    dev_split = load_split(corpus, "dev", features)
+    if opts.dev_clips is not None:
+        dev_split = dataclasses.replace(dev_split, utterances=dev_split.utterances[: opts.dev_clips])
+    train_targets = vocabulary.encode(tokenizer, [u.text for u in train_split.utterances])
+    dev_targets = vocabulary.encode(tokenizer, [u.text for u in dev_split.utterances])
+    log.info("train %d clips (%.2f h), dev %d clips (%.2f h)", len(train_targets), train_split.seconds / 3600,
+             len(dev_targets), dev_split.seconds / 3600)
+
+    # Model and optimizer: fresh (feature scale measured on training clips) or resumed from last.pt.
+    last = run / "last.pt"
+    ckpt = torch.load(last, map_location="cpu", weights_only=False) if last.exists() else None
+    if ckpt is not None and ListenAttendSpellConfig(**ckpt["config"]) != cfg:
+        log.info("resuming with the run's own model config; the command line's differs")
+        cfg = ListenAttendSpellConfig(**ckpt["config"])
+    model = ListenAttendSpell(cfg)
+    optimizer = torch.optim.Adam(model.parameters(), lr=opts.lr)
+    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "audio_seconds": 0.0, "seconds": 0.0, "best_cer": math.inf,
+             "history": []}
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        state = ckpt["state"]
+        torch.set_rng_state(ckpt["rng"])
+        log.info("resumed at step %d (%.2f h of audio seen)", state["step"], state["audio_seconds"] / 3600)
+        if state.get("data") != data_id(train_split):
+            # A rebuilt corpus orders its batches differently: the saved place in the epoch means nothing.
+            log.info("the training clips changed since the last start: new epoch")
+            state["epoch"], state["batch_in_epoch"] = state["epoch"] + 1, 0
+    else:
+        model.set_feature_scale(feature_scale(model, train_split, opts.scale_clips, opts.seed))
+    state["data"] = data_id(train_split)
+    log.info("model: %s, %.2fM parameters", cfg, sum(p.numel() for p in model.parameters()) / 1e6)
+
+    # Epochs until the deadline, with a checkpoint every opts.checkpoint_minutes and at the end.
+    run_epochs(model, optimizer, (train_split, train_targets), (dev_split, dev_targets), tokenizer, state, run,
+               minutes, opts)
+
+
+def run_epochs(model, optimizer, train_data, dev_data, tokenizer, state, run, minutes, opts) -> None:
+    split, targets = train_data
+    augment = SpecAugment(opts.augment)
+    frames = [u.frames for u in split.utterances]
+    model.train()
+    deadline = time.monotonic() + minutes * 60
+    next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
+    while time.monotonic() < deadline:
+        batches = make_batches(frames, opts, random.Random(opts.seed + state["epoch"]))
+        progress = tqdm(batches[state["batch_in_epoch"] :], desc=f"epoch {state['epoch']}", mininterval=30)
+        for indices in progress:
+            started = time.monotonic()
+            for group in optimizer.param_groups:
+                group["lr"] = inverse_sqrt(state["step"] + 1, opts)
+            batch = collate(split, targets, indices, model.cfg.time_reduction)
+            loss = joint_loss(model, batch, opts, augment)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
+            optimizer.step()
+            state["step"] += 1
+            state["batch_in_epoch"] += 1
+            state["audio_seconds"] += batch.seconds
+            state["seconds"] += time.monotonic() - started
+            speed = state["audio_seconds"] / max(state["seconds"], 1e-9)
+            progress.set_postfix(loss=f"{loss.item():.3f}", audio_s_per_s=f"{speed:.1f}", refresh=False)
+            if state["step"] % 50 == 0:
+                log.info("step %d epoch %d loss %.3f lr %.2e audio %.2f h, %.1f audio-s/s", state["step"],
+                         state["epoch"], loss.item(), optimizer.param_groups[0]["lr"], state["audio_seconds"] / 3600,
+                         speed)
+            if time.monotonic() >= next_checkpoint or time.monotonic() >= deadline:
+                checkpoint(model, optimizer, dev_data, tokenizer, state, run, opts)
+                next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
+            if time.monotonic() >= deadline:
+                return
+        state["epoch"] += 1
+        state["batch_in_epoch"] = 0
+
+
+def checkpoint(model, optimizer, dev_data, tokenizer, state, run, opts) -> None:
+    started = time.monotonic()
+    scores = evaluate(model, *dev_data, tokenizer, opts)
+    log.info(
+        "step %d dev attention loss %.3f ctc loss %.3f CER %.2f%% WER %.2f%% (CTC CER %.2f%%), best CER %.2f%% [%.0f s]",
+        state["step"], scores["attention_loss"], scores["ctc_loss"], 100 * scores["cer"], 100 * scores["wer"],
+        100 * scores["ctc_cer"], 100 * state["best_cer"], time.monotonic() - started,
+    )
+    for example in scores["examples"]:
+        log.info("  ref: %s\n  hyp: %s", example["reference"], example["hypothesis"])
+    state["history"].append({"step": state["step"], "audio_hours": state["audio_seconds"] / 3600,
+                             "train_seconds": state["seconds"], **{k: v for k, v in scores.items() if k != "examples"}})
+    if scores["cer"] < state["best_cer"]:
+        state["best_cer"] = scores["cer"]
+        save_checkpoint(run / "best.pt", model, optimizer, state, tokenizer)
+    save_checkpoint(run / "last.pt", model, optimizer, state, tokenizer)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", type=pathlib.Path, default=pathlib.Path("data/speech"))
+    parser.add_argument("--run", type=pathlib.Path, default=pathlib.Path.home() / ".cache/attnserve/runs/speech-en")
+    parser.add_argument("--minutes", type=float, default=60.0, help="stop (with a checkpoint) after this long")
+    parser.add_argument("--features", type=pathlib.Path, default=DEFAULT_FEATURES, help="feature cache folder")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--checkpoint-minutes", type=float, default=TrainOptions.checkpoint_minutes)
+    parser.add_argument("--dev-clips", type=int, help="score only the first N dev clips at each checkpoint")
+    parser.add_argument("--batch-seconds", type=float, default=TrainOptions.batch_seconds)
+    parser.add_argument("--lr", type=float, default=TrainOptions.lr)
+    parser.add_argument("--listener-hidden", type=int, default=ListenAttendSpellConfig.listener_hidden)
+    parser.add_argument("--speller-hidden", type=int, default=ListenAttendSpellConfig.speller_hidden)
+    args = parser.parse_args()
+    args.run.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(message)s",
+        handlers=[logging.FileHandler(args.run / "train.log"), logging.StreamHandler()],
+    )
+    torch.set_num_threads(args.threads)
+    cfg = ListenAttendSpellConfig(listener_hidden=args.listener_hidden, speller_hidden=args.speller_hidden)
+    opts = TrainOptions(batch_seconds=args.batch_seconds, lr=args.lr, checkpoint_minutes=args.checkpoint_minutes,
+                        dev_clips=args.dev_clips)
+    train(args.corpus, args.run, args.minutes, cfg, opts, args.features)
+
+
+if __name__ == "__main__":
+    main()
