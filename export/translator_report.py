@@ -60,6 +60,12 @@ def render(models: list[str], measured: dict, alignment: dict | None, speed: dic
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if alignment:
         lines += ["", *alignment_table(models, alignment)]
+        lines += [
+            "",
+            "Each model's gold items come from its own output (an output word must have a clear dictionary",
+            "translation in the source), so the item sets differ: a weaker model renders fewer such words, and",
+            "accuracy is over the words it did render.",
+        ]
     if speed:
         lines += ["", *speed_table(models, speed)]
     lines += ["", "## The lectures' examples", "", "| source | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
@@ -127,11 +133,12 @@ def main() -> None:
     parser.add_argument("--alignment", type=pathlib.Path, help="JSON from attnserve.export.alignment --out")
     parser.add_argument("--speed", type=pathlib.Path, help="JSON from bench/translators.py --out")
     parser.add_argument("--json", type=pathlib.Path, help="also write the measured figures here")
+    parser.add_argument("--measured", type=pathlib.Path, help="reuse figures an earlier --json wrote")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
     pairs = read_pairs(args.split)
-    measured = {}
-    for name in args.model:
+    measured = json.loads(args.measured.read_text()) if args.measured else {}
+    for name in [n for n in args.model if n not in measured]:
         engine = open_engine(args.models, name)
         try:
             measured[name] = measure(engine, pairs)
