@@ -10,11 +10,13 @@ from tokenizers import Tokenizer
 
 from attnserve.export.model import Transformer, TransformerConfig
 from attnserve.export.recurrent import RecurrentConfig, RecurrentTranslator
+from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig
 
 # Checkpoint "arch" -> (model class, config class). Checkpoints without the key predate the recurrent model.
 ARCHITECTURES = {
     "transformer": (Transformer, TransformerConfig),
     "recurrent": (RecurrentTranslator, RecurrentConfig),
+    "listen-attend-spell": (ListenAttendSpell, ListenAttendSpellConfig),
 }
 
 

@@ -31,6 +31,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from attnserve.export.speech import vocabulary
+from attnserve.export.train import inverse_sqrt, save_checkpoint
 from attnserve.export.speech.feature_cache import SplitFeatures, load_split
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig, pad_features
 from attnserve.export.speech.scoring import error_rate
@@ -192,28 +193,6 @@ def data_id(split: SplitFeatures) -> str:
     for u in split.utterances:
         digest.update(f"{u.id}\t{u.text}\t{u.frames}\n".encode())
     return digest.hexdigest()[:16]
-
-
-def inverse_sqrt(step: int, opts: TrainOptions) -> float:
-    step = max(step, 1)
-    return opts.lr * min(step / opts.warmup_steps, math.sqrt(opts.warmup_steps / step))
-
-
-def save_checkpoint(path: pathlib.Path, model, optimizer, state: dict, tokenizer: Tokenizer) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "arch": "listen-attend-spell",
-            "config": dataclasses.asdict(model.cfg),
-            "tokenizer": tokenizer.to_str(),
-            "state": state,
-            "rng": torch.get_rng_state(),
-        },
-        tmp,
-    )
-    tmp.replace(path)  # atomic: a kill mid-save never leaves a broken checkpoint
 
 
 def load_model(path: pathlib.Path) -> tuple[ListenAttendSpell, Tokenizer, dict]:
