@@ -99,6 +99,12 @@ def test_attention_points_at_the_source_word(engine, text, to, output_word, sour
     np.testing.assert_allclose(np.sum(matrix.weights, axis=1), 1.0, atol=1e-4)
 
 
+def test_the_lectures_bank_is_a_bank(engine):
+    """The lecture's example: a bank one deposits money in is 銀行, not a river bank (河岸)."""
+    result = translate(engine, "I went to the bank to deposit some money.", "zh-TW")
+    assert "銀行" in result.text and "河岸" not in result.text, result.text
+
+
 def test_batched_equals_alone(engine):
     texts = ["開啟檔案", "Save the current document", "一年有四季。", "File not found", "刪除選取的物件",
              "Show hidden files", "找不到檔案", "The weather is nice today."]
