@@ -226,24 +226,43 @@ class RecurrentTranslator(nn.Module):
         Returns, like Transformer.greedy_decode, per row the generated ids (EOS excluded) and a
         (steps, 1, 1, S) attention tensor (one layer, one head).
         """
-        b = input_ids.shape[0]
         memory, keys, h, c = self.encode(input_ids, attention_mask)
-        feed = self.initial_feed(b)
-        ids = start_ids
-        done = torch.zeros(b, dtype=torch.bool)
-        outputs, attentions = [[] for _ in range(b)], [[] for _ in range(b)]
-        for step in range(max_new_tokens + 1):
-            logits, h, c, feed, weights = self.decode_step(ids, h, c, feed, memory, keys, attention_mask)
-            logits[:, list(suppress_ids)] = float("-inf")
-            ids = logits.argmax(-1)
-            for row in range(b):
-                if done[row]:
-                    continue
-                if ids[row].item() == eos_id or step == max_new_tokens:
-                    done[row] = True
-                    continue
-                outputs[row].append(ids[row].item())
-                attentions[row].append(weights[row][None, None])
-            if done.all():
-                break
-        return outputs, [torch.stack(a) if a else torch.zeros(0) for a in attentions]
+        state = [h, c, self.initial_feed(input_ids.shape[0])]
+
+        def step(ids):
+            logits, state[0], state[1], state[2], weights = self.decode_step(ids, *state, memory, keys, attention_mask)
+            return logits, weights
+
+        outputs, attentions = greedy_search(step, start_ids, eos_id, max_new_tokens, suppress_ids)
+        return outputs, [torch.stack(a)[:, None, None] if a else torch.zeros(0) for a in attentions]
+
+
+def greedy_search(step, start_ids: torch.Tensor, eos_id: int, max_new_tokens: int, suppress_ids=()):
+    """The batch-synchronous greedy loop of the recurrent references (translator and speller).
+
+    Args:
+        step: (B,) previous ids -> logits (B, V) and the step's attention (B, S); it carries its own state.
+        start_ids: (B,) the decoder's first input per row.
+
+    Returns:
+        Per row the generated ids (EOS excluded) and the list of its steps' attention rows, each (S,).
+    """
+    b = start_ids.shape[0]
+    ids = start_ids
+    done = torch.zeros(b, dtype=torch.bool)
+    outputs, attentions = [[] for _ in range(b)], [[] for _ in range(b)]
+    for n in range(max_new_tokens + 1):
+        logits, weights = step(ids)
+        logits[:, list(suppress_ids)] = float("-inf")
+        ids = logits.argmax(-1)
+        for row in range(b):
+            if done[row]:
+                continue
+            if ids[row].item() == eos_id or n == max_new_tokens:
+                done[row] = True
+                continue
+            outputs[row].append(ids[row].item())
+            attentions[row].append(weights[row])
+        if done.all():
+            break
+    return outputs, attentions

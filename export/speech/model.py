@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from attnserve.export.recurrent import AdditiveAttention, reverse_within_length
+from attnserve.export.recurrent import AdditiveAttention, greedy_search, reverse_within_length
 from attnserve.export.speech import vocabulary
 
 
@@ -245,26 +245,15 @@ class ListenAttendSpell(nn.Module):
 
         Returns per row the generated ids (EOS excluded) and a (steps, S) attention tensor.
         """
-        b = features.shape[0]
         memory, keys, reduced, h, c = self.encode(features, mask)
-        context = self.initial_context(b)
-        ids = torch.full((b,), vocabulary.START_ID)
-        done = torch.zeros(b, dtype=torch.bool)
-        outputs, attentions = [[] for _ in range(b)], [[] for _ in range(b)]
-        for step in range(max_new_tokens + 1):
-            logits, h, c, context, weights = self.decode_step(ids, h, c, context, memory, keys, reduced)
-            logits[:, list(suppress_ids)] = float("-inf")
-            ids = logits.argmax(-1)
-            for row in range(b):
-                if done[row]:
-                    continue
-                if ids[row].item() == vocabulary.EOS_ID or step == max_new_tokens:
-                    done[row] = True
-                    continue
-                outputs[row].append(ids[row].item())
-                attentions[row].append(weights[row])
-            if done.all():
-                break
+        state = [h, c, self.initial_context(features.shape[0])]
+
+        def step(ids):
+            logits, state[0], state[1], state[2], weights = self.decode_step(ids, *state, memory, keys, reduced)
+            return logits, weights
+
+        start = torch.full((features.shape[0],), vocabulary.START_ID)
+        outputs, attentions = greedy_search(step, start, vocabulary.EOS_ID, max_new_tokens, suppress_ids)
         return outputs, [torch.stack(a) if a else torch.zeros(0, memory.shape[1]) for a in attentions]
 
 
