@@ -1,7 +1,8 @@
-"""The `attnserve` command: run a server, translate through one, compare its models, list them.
+"""The `attnserve` command: run a server, translate or transcribe through one, compare its models, list them.
 
     attnserve serve --port 50051 --models models/
     attnserve translate "我愛你" --to en --attention
+    attnserve transcribe clip.wav --attention
     attnserve compare "我愛你" --models translate-zh-en,translate-zh-en-rnn
     attnserve models
 
@@ -20,8 +21,15 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from attnserve.clients import comparison, heatmap, languages
-from attnserve.clients.client import DEFAULT_ADDRESS, DEFAULT_MODEL, AttnServeError, Client, translation_request
+from attnserve.clients import comparison, heatmap, languages, timeline
+from attnserve.clients.client import (
+    DEFAULT_ADDRESS,
+    DEFAULT_MODEL,
+    AttnServeError,
+    Client,
+    audio_request,
+    translation_request,
+)
 from attnserve.server import convert
 from attnserve.server.generation import GenerationRequest, GenerationResult, InputKind, ModelInfo
 
@@ -106,6 +114,17 @@ def _parser() -> argparse.ArgumentParser:
     _add_address(compare)
     compare.set_defaults(run=_compare, granularity="words")
 
+    transcribe = commands.add_parser("transcribe", help="transcribe a WAV file, with each word's time span")
+    transcribe.add_argument("file", help="a WAV file (16/32-bit PCM or float, any common rate); - reads stdin")
+    transcribe.add_argument(
+        "--attention", action="store_true", help="show each word's time span and its attention over time"
+    )
+    transcribe.add_argument("--beam-size", type=int, default=1, help="1 = greedy search (default), up to 16")
+    transcribe.add_argument("--model", help="a served audio model (default: the first one the server lists)")
+    transcribe.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    _add_address(transcribe)
+    transcribe.set_defaults(run=_transcribe)
+
     models = commands.add_parser("models", help="list the served models")
     _add_address(models)
     models.set_defaults(run=_models)
@@ -160,6 +179,32 @@ def _translate(args: argparse.Namespace) -> None:
     if result.attention is not None:
         print()
         print(heatmap.render(result.attention))
+
+
+def _transcribe(args: argparse.Namespace) -> None:
+    try:
+        data = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()
+    except OSError as exc:
+        raise SystemExit(f"error: cannot read {args.file}: {exc.strerror}") from None
+    with Client(args.address) as client:
+        model = args.model or _first_audio_model(client)
+        request = audio_request(data, model=model, attention=args.attention, granularity="words",
+                                beam_size=args.beam_size)
+        result = client.generate(request)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), default=_enum_value, ensure_ascii=False, indent=2))
+        return
+    print(result.text)
+    if args.attention:
+        print()
+        print(timeline.render(result.words, result.attention))
+
+
+def _first_audio_model(client: Client) -> str:
+    audio = [info.name for info in client.list_models() if info.input_kind is InputKind.AUDIO]
+    if not audio:
+        raise SystemExit("error: the server has no audio model (see `attnserve models`)")
+    return audio[0]
 
 
 def _print_stream(client: Client, request) -> GenerationResult:

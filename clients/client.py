@@ -121,6 +121,7 @@ class Client:
     """
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None):
+        self.address = address
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub = pb_grpc.AttnServeStub(self._channel)
         self.timeout = timeout

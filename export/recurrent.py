@@ -107,9 +107,12 @@ class AdditiveAttention(nn.Module):
         """(B, S, M) -> (B, S, A)."""
         return self.key_proj(memory)
 
-    def scores(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """query (B, Q), keys (B, S, A) -> (B, S)."""
-        return self.v(torch.tanh(keys + self.query_proj(query)[:, None, :]))[..., 0]
+    def scores(self, query: torch.Tensor, keys: torch.Tensor, location: torch.Tensor | None = None) -> torch.Tensor:
+        """query (B, Q), keys (B, S, A), optional location features (B, S, A) -> (B, S)."""
+        energy = keys + self.query_proj(query)[:, None, :]
+        if location is not None:
+            energy = energy + location
+        return self.v(torch.tanh(energy))[..., 0]
 
 
 class MultiplicativeAttention(nn.Module):

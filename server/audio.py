@@ -28,9 +28,12 @@ from attnserve.server.generation import (
     InputTooLargeError,
     ModelInfo,
     Token,
+    WordTiming,
 )
 from attnserve.server.inputs import AudioInputSpec
 from attnserve.server.preprocessing import EncoderBatch, Preprocessor, pad_batch
+from attnserve.server.timestamps import word_timings
+from attnserve.server.tokenization import Words
 
 # WAVE format tags: integer PCM, IEEE float, and the extensible header whose sub-format GUID holds one of those.
 _PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
@@ -170,6 +173,7 @@ class AudioPreprocessor(Preprocessor):
     """Audio: WAV or raw samples -> log-mel frames; columns are time spans of `time_reduction` frames."""
 
     kind = InputKind.AUDIO
+    times_words = True
 
     @property
     def spec(self) -> AudioInputSpec:
@@ -241,16 +245,25 @@ class AudioPreprocessor(Preprocessor):
         return [Token(label, -1, 0.0) for label in self.column_labels(len(source.features))]
 
     def column_labels(self, frames: int) -> list[str]:
-        """ "start-end" in seconds of each encoder position of a clip of `frames` frames.
+        """ "start-end" in seconds of each encoder position of a clip of `frames` frames."""
+        r, features = self.spec.time_reduction, self.spec.features
+        shift = features.hop_length / features.sample_rate_hz  # seconds per frame
+        digits = 2 if round(r * shift * 1000) % 10 == 0 else 3  # whole centiseconds per position, or not
+        return [f"{start:.{digits}f}-{end:.{digits}f}" for start, end in zip(*self.column_spans(frames))]
 
-        Position j stands for frames j*r .. j*r + r - 1; frame k is labelled with the time it shifts over,
+    def column_spans(self, frames: int) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end in seconds of each encoder position of a clip of `frames` frames.
+
+        Position j stands for frames j*r .. j*r + r - 1; frame k covers the time it shifts over,
         [k, k + 1) times the frame shift, so the spans tile the clip without overlap.
         """
         r, features = self.spec.time_reduction, self.spec.features
         shift = features.hop_length / features.sample_rate_hz  # seconds per frame
-        digits = 2 if round(r * shift * 1000) % 10 == 0 else 3  # whole centiseconds per position, or not
-        ends = [min((j + 1) * r, frames) for j in range(-(-frames // r))]
-        return [f"{j * r * shift:.{digits}f}-{end * shift:.{digits}f}" for j, end in enumerate(ends)]
+        starts = np.arange(0, frames, r)
+        return starts * shift, np.minimum(starts + r, frames) * shift
+
+    def word_timings(self, source: AudioSource, attention: np.ndarray, pieces: Sequence[str], words: Words) -> list[WordTiming]:
+        return word_timings(attention, pieces, words, *self.column_spans(len(source.features)))
 
     def describe(self, info: ModelInfo) -> ModelInfo:
         spec = self.spec

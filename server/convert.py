@@ -135,6 +135,7 @@ def result_to_proto(result: gen.GenerationResult) -> pb.GenerateResponse:
         finish_reason=_FINISH_REASONS[result.finish_reason],
         attention=None if result.attention is None else attention_to_proto(result.attention),
         timings=pb.Timings(**dataclasses.asdict(timings)),  # the message mirrors the dataclass field by field
+        words=[pb.WordTiming(**dataclasses.asdict(w)) for w in result.words],
     )
 
 
@@ -157,6 +158,7 @@ def result_from_proto(msg: pb.GenerateResponse) -> gen.GenerationResult:
         finish_reason=finish,
         attention=attention_from_proto(msg.attention) if msg.HasField("attention") else None,
         timings=gen.Timings(**{f.name: getattr(timings, f.name) for f in dataclasses.fields(gen.Timings)}),
+        words=[gen.WordTiming(w.word, w.start_seconds, w.end_seconds) for w in msg.words],
     )
 
 

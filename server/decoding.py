@@ -41,6 +41,13 @@ class PreparedRequest:
     beam_size: int
     # Non-negative decoder layer of the returned attention; None when no attention was asked for.
     attention_layer: int | None
+    # Decoder layer whose attention gives word timestamps (audio input); None when there are none.
+    timestamp_layer: int | None = None
+
+    @property
+    def keeps_attention(self) -> bool:
+        """Whether decoding must keep this request's attention (returned, or read for timestamps)."""
+        return self.attention_layer is not None or self.timestamp_layer is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +56,11 @@ class StepOutput:
     attention: np.ndarray  # (B, L, H, S): this step's cross-attention
 
 
-def _initial_state(spec: StateSpec, batch: int, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
+def _initial_state(spec: StateSpec, batch: int, width: int, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
     if spec.init_from is not None:
         return tensors[spec.init_from].astype(spec.dtype, copy=False)
-    shape = tuple(batch if d == "batch" else d for d in spec.shape)
+    sizes = {"batch": batch, "source": width}
+    shape = tuple(sizes.get(d, d) for d in spec.shape)
     return np.zeros(shape, dtype=spec.dtype)
 
 
@@ -103,7 +111,7 @@ class Batch:
                     f"{manifest.input.kind} input gives {width} for this batch (does the encoder reduce time as "
                     f"the manifest says?)"
                 )
-        state = {s.input: _initial_state(s, len(inputs.lengths), tensors) for s in manifest.state}
+        state = {s.input: _initial_state(s, len(inputs.lengths), width, tensors) for s in manifest.state}
         return cls(manifest, runtime, static, state, np.asarray(inputs.lengths, dtype=np.int64))
 
     def __len__(self) -> int:
@@ -168,11 +176,19 @@ class Batch:
     def _trim_source(self) -> None:
         width = int(self.source_lengths.max()) if len(self) else 0
         for spec in self._manifest.static:
-            x = self._static[spec.target]
-            if x.shape[spec.source_axis] > width:
-                index = [slice(None)] * x.ndim
-                index[spec.source_axis] = slice(0, width)
-                self._static[spec.target] = x[tuple(index)]
+            self._static[spec.target] = _cut_source(self._static[spec.target], spec.source_axis, width)
+        for spec in self._manifest.state:
+            if spec.source_axis is not None:
+                self._state[spec.input] = _cut_source(self._state[spec.input], spec.source_axis, width)
+
+
+def _cut_source(x: np.ndarray, axis: int, width: int) -> np.ndarray:
+    """x without the source positions from `width` on (padding no remaining row needs)."""
+    if x.shape[axis] <= width:
+        return x
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(0, width)
+    return x[tuple(index)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +301,7 @@ class DecodeStrategy(abc.ABC):
         self._cancelled = np.zeros(len(self.requests), dtype=bool)
         self._max_new = np.array([r.max_new_tokens for r in self.requests], dtype=np.int64)  # (N,)
         self._source_lengths = np.array([r.source.length for r in self.requests], dtype=np.int64)  # (N,)
-        self._wants_attention = np.array([r.attention_layer is not None for r in self.requests], dtype=bool)
+        self._wants_attention = np.array([r.keeps_attention for r in self.requests], dtype=bool)
         self.history = History(keep_attention=bool(self._wants_attention.any()))
 
     def cancel(self, index: int) -> None:

@@ -114,6 +114,8 @@ class ModelEngine:
         if not 1 <= beam_size <= MAX_BEAM_SIZE:
             raise ValueError(f"beam_size {beam_size} is out of range: use 1 (greedy) to {MAX_BEAM_SIZE}")
         layer = self._attention_layer(request) if request.attention.enabled else None
+        timestamp_layer = self.manifest.attention.default_layer % self.manifest.attention.layers
+        timestamp_layer = timestamp_layer if self.preprocessor.times_words else None
         # Last: decoding the input is the costly check (tokenizing, WAV decoding, features).
         source = self.preprocessor.prepare(request)
         return PreparedRequest(
@@ -124,6 +126,7 @@ class ModelEngine:
             max_new_tokens=max_new_tokens,
             beam_size=beam_size,
             attention_layer=layer,
+            timestamp_layer=timestamp_layer,
         )
 
     def _max_new_tokens(self, asked: int) -> int:
@@ -281,6 +284,10 @@ class ModelEngine:
             col_words = self.preprocessor.source_words(prepared.source) if words else None
             columns = [t.piece for t in source_tokens]
             attention = attention_matrix(hyp.attention, prepared.attention_layer, pieces, columns, row_words, col_words)
+        words = []
+        if prepared.timestamp_layer is not None:
+            rows = layer_mean(hyp.attention, prepared.timestamp_layer)  # (R, S)
+            words = self.preprocessor.word_timings(prepared.source, rows, pieces, tok.words(ids))
         done = time.perf_counter()
         timings = Timings(
             queue_seconds=clock.start - accepted,
@@ -299,6 +306,7 @@ class ModelEngine:
             finish_reason=hyp.finish_reason,
             attention=attention,
             timings=timings,
+            words=words,
         )
 
 

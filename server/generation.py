@@ -129,6 +129,15 @@ class AttentionMatrix:
     reduction: str  # what was reduced, e.g. "layer 2 of 3, mean over 4 heads, words"
 
 
+@dataclasses.dataclass(frozen=True)
+class WordTiming:
+    """A word of an audio transcript and the time span the model attended to while writing it."""
+
+    word: str
+    start_seconds: float
+    end_seconds: float
+
+
 class FinishReason(enum.Enum):
     EOS = "eos"  # the model produced end-of-sequence
     LENGTH = "length"  # max_new_tokens reached
@@ -154,6 +163,8 @@ class GenerationResult:
     finish_reason: FinishReason
     attention: AttentionMatrix | None
     timings: Timings
+    # Audio input: each word's time span, read from the attention (server/timestamps.py); else empty.
+    words: list[WordTiming] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -106,10 +106,15 @@ class StateSpec:
     # Axis the appended state grows along; None for "replace".
     time_axis: int | None
     dtype: str
-    # Initial shape; "batch" stands for the batch size.
+    # Initial shape; "batch" stands for the batch size, "source" for the batch's attention columns.
     shape: tuple[int | str, ...]
     # None: zeros of `shape`; otherwise the name of the encoder output that initialises the state.
     init_from: str | None
+
+    @property
+    def source_axis(self) -> int | None:
+        """The axis that runs along the source (e.g. a location-aware speller's previous attention)."""
+        return self.shape.index("source") if "source" in self.shape else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,8 +354,10 @@ def _state(r: FieldReader) -> StateSpec:
     time_axis = r.integer("time_axis", 0, default=None)
     if update == "append" and time_axis is None:
         r.fail("an 'append' state needs a time_axis")
-    if not all(d == "batch" or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in shape):
-        r.fail(f"shape {list(shape)} must hold non-negative ints and the string 'batch'")
+    if not all(d in ("batch", "source") or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in shape):
+        r.fail(f"shape {list(shape)} must hold non-negative ints and the strings 'batch' and 'source'")
+    if shape.count("source") > 1 or (time_axis is not None and "source" in shape):
+        r.fail(f"shape {list(shape)} may say 'source' once, and only in a 'replace' state")
     if batch_axis >= len(shape) or shape[batch_axis] != "batch" or shape.count("batch") != 1:
         r.fail(f"shape {list(shape)} must say 'batch' exactly once, at batch_axis {batch_axis}")
     if time_axis is not None and (time_axis >= len(shape) or time_axis == batch_axis):

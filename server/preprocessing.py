@@ -9,6 +9,7 @@ The decode loop, the batcher, beam search and attention aggregation never ask wh
                    masks, and each row's number of encoder positions (its attention columns);
   source_tokens()  one label per attention column (text: pieces; audio: time spans; images: grid cells);
   source_words()   how columns group at word granularity (text: words; other kinds: each column alone);
+  word_timings()   each output word's time span, read from its attention (audio only);
   describe()       the kind and limits a client reads in ModelInfo.
 
 Text lives here; audio (server/audio.py) and images (server/image.py) each have their own module, so a new
@@ -24,7 +25,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from attnserve.server.generation import GenerationRequest, InputKind, ModelInfo, Token
+from attnserve.server.generation import GenerationRequest, InputKind, ModelInfo, Token, WordTiming
 from attnserve.server.manifest import Manifest
 from attnserve.server.tokenization import Tokenizer, Words
 
@@ -79,6 +80,8 @@ class Preprocessor(abc.ABC):
     """
 
     kind: ClassVar[InputKind]
+    # Whether the input has time, so that output words get timestamps (word_timings()).
+    times_words: ClassVar[bool] = False
 
     def __init__(self, manifest: Manifest, tokenizer: Tokenizer | None):
         self.manifest = manifest
@@ -106,6 +109,14 @@ class Preprocessor(abc.ABC):
         """The columns grouped for word granularity; by default each column stands alone."""
         labels = tuple(token.piece for token in self.source_tokens(source))
         return Words(tuple(range(len(labels))), labels)
+
+    def word_timings(self, source: Source, attention: np.ndarray, pieces: Sequence[str], words: Words) -> list[WordTiming]:
+        """Each output word's span of the input, for kinds that have time (audio); by default none.
+
+        Args:
+            attention: (R, S) the output pieces' attention over the source's S columns.
+        """
+        return []
 
     @abc.abstractmethod
     def describe(self, info: ModelInfo) -> ModelInfo:

@@ -256,6 +256,7 @@ def speller_manifest() -> dict:
         ("past_state.hidden", "present_state.hidden", 320, {"from": "initial_state.hidden"}),
         ("past_state.cell", "present_state.cell", 320, {"from": "initial_state.cell"}),
         ("past_state.context", "present_state.context", 512, "zeros"),
+        ("past_state.attention", "present_state.attention", "source", "zeros"),
     ]
     return {
         "format_version": 1,

@@ -117,6 +117,8 @@ def _set(data: dict, path: str, value) -> None:
         ("state.0.update", "grow", "field 'state[0]' update 'grow' is not one of"),
         ("state.0.time_axis", KeyError, "an 'append' state needs a time_axis"),
         ("state.0.shape", [4, 4, 0, 64], "must say 'batch' exactly once"),
+        ("state.0.shape", ["batch", 4, "source", 64], "may say 'source' once, and only in a 'replace' state"),
+        ("state.0.shape", ["batch", 4, "time", 64], "must hold non-negative ints and the strings"),
         ("state.0.dtype", "complex64", "dtype 'complex64'"),
         ("state.0.init", "ones", "init must be \"zeros\" or"),
         ("static.0.to", "past_key_values.0.decoder.key", "fed more than once"),
@@ -183,7 +185,8 @@ def test_the_speller_example_parses_as_audio():
     assert spec.seconds_per_column == pytest.approx(0.04)
     assert spec.encoder_inputs()["input_features"].shape == (None, None, 80)
     assert m.limits.max_source_tokens is None and m.limits.max_new_tokens == 400
-    assert [s.init_from for s in m.state] == ["initial_state.hidden", "initial_state.cell", None]
+    assert [s.init_from for s in m.state] == ["initial_state.hidden", "initial_state.cell", None, None]
+    assert [s.source_axis for s in m.state] == [None, None, None, 1]
 
 
 def test_the_captioner_example_parses_as_image():

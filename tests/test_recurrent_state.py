@@ -1,7 +1,8 @@
 """The replaced-state path of the decode loop against a plain numpy reference.
 
-A tiny attentional LSTM (h, c and the attention context are its decoder state, replaced every step; h and c
-start from the encoder, the context from zeros) is written twice: as ONNX graphs built node by node with
+A tiny attentional LSTM (h, c, the attention context and the previous step's attention weights are its
+decoder state, replaced every step; h and c start from the encoder, the others from zeros; the previous
+attention runs along the source axis, as a location-aware speller's does) is written twice: as ONNX graphs built node by node with
 onnx.helper, served from its manifest alone, and as a numpy function that decodes one request step by step.
 The served loop must match the reference at every step: the state it feeds in (the encoder's `init`, then
 each step's output), the logits and attention that come out, the tokens, alone and in a batch whose rows
@@ -31,7 +32,10 @@ NAME = "tiny-lstm-state"
 E, H = 5, 6  # embedding width; LSTM width = memory width (dot-product attention)
 ATOL = 1e-5
 WAIT = 60
-STATE = ["past_state.hidden", "past_state.cell", "past_state.context"]
+VECTOR_STATE = ["past_state.hidden", "past_state.cell", "past_state.context"]  # (B, H)
+PREVIOUS_ATTENTION = "past_state.attention"  # (B, S): trimmed with the source when long rows leave
+STATE = [*VECTOR_STATE, PREVIOUS_ATTENTION]
+LOCATION_GAIN = 2.0  # how much the previous step's attention adds to this step's scores
 ENCODER_INPUTS = ["input_ids", "attention_mask"]
 IR_VERSION = 8  # what opset 17 needs; ONNX Runtime reads IR versions older than the onnx package writes
 
@@ -72,23 +76,23 @@ def reference_encode(w: Weights, ids: list[int]) -> tuple[np.ndarray, dict[str, 
     memory = w.source_embed[ids].astype(np.float64)  # (S, H)
     mean = memory.mean(axis=0)
     state = {"past_state.hidden": np.tanh(mean @ w.init_h + w.init_h_bias), "past_state.cell": mean @ w.init_c,
-             "past_state.context": np.zeros(H)}
+             "past_state.context": np.zeros(H), PREVIOUS_ATTENTION: np.zeros(len(ids))}
     return memory, state
 
 
 def reference_step(w: Weights, memory: np.ndarray, token: int, state: dict) -> tuple[np.ndarray, np.ndarray, dict]:
     """One LSTM step: logits (V,), attention (S,), the next state."""
-    h, c, context = (state[k] for k in STATE)
+    h, c, context, previous = (state[k] for k in STATE)
     gates = np.concatenate([w.target_embed[token], context]) @ w.w_x + h @ w.w_h + w.bias  # (4H,)
     i, f, g, o = np.split(gates, 4)
     c = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
     h = sigmoid(o) * np.tanh(c)
-    scores = memory @ h  # (S,)
+    scores = memory @ h + LOCATION_GAIN * previous  # (S,)
     attention = np.exp(scores - scores.max())
     attention /= attention.sum()
     context = attention @ memory  # (H,)
     logits = np.concatenate([h, context]) @ w.w_out + w.out_bias
-    return logits, attention, dict(zip(STATE, (h, c, context)))
+    return logits, attention, dict(zip(STATE, (h, c, context, attention)))
 
 
 @dataclasses.dataclass
@@ -186,10 +190,13 @@ def decoder_graph(w: Weights) -> onnx.ModelProto:
         n("Mul", ["o", "c_tanh"], ["present_state.hidden"]),  # (B, H)
         n("Unsqueeze", ["present_state.hidden", "axis_last"], ["query"]),  # (B, H, 1)
         n("MatMul", ["encoder_hidden_states", "query"], ["scores_3d"]),  # (B, S, 1)
-        n("Squeeze", ["scores_3d", "axis_last"], ["scores"]),  # (B, S)
+        n("Squeeze", ["scores_3d", "axis_last"], ["content_scores"]),  # (B, S)
+        n("Mul", [PREVIOUS_ATTENTION, "location_gain"], ["location_scores"]),
+        n("Add", ["content_scores", "location_scores"], ["scores"]),
         n("Equal", ["encoder_attention_mask", "zero_i64"], ["padding"]),
         n("Where", ["padding", "minus_big", "scores"], ["masked"]),
         n("Softmax", ["masked"], ["attention"], axis=1),  # (B, S)
+        n("Identity", ["attention"], [PREVIOUS_ATTENTION.replace("past", "present")]),
         n("Unsqueeze", ["attention", "axis_1"], ["attention_3d"]),  # (B, 1, S)
         n("MatMul", ["attention_3d", "encoder_hidden_states"], ["context_3d"]),  # (B, 1, H)
         n("Squeeze", ["context_3d", "axis_1"], ["present_state.context"]),
@@ -200,17 +207,20 @@ def decoder_graph(w: Weights) -> onnx.ModelProto:
     ]
     inits = [_const(k, getattr(w, k)) for k in ("target_embed", "w_x", "w_h", "bias", "w_out", "out_bias")]
     inits += [_const("axis_1", [1]), _const("axis_last", [-1]), _const("axes_1_2", [1, 2]),
-              _const("split_4", [H] * 4), _const("zero_i64", np.int64(0)), _const("minus_big", np.float32(-1e9))]
+              _const("split_4", [H] * 4), _const("zero_i64", np.int64(0)), _const("minus_big", np.float32(-1e9)),
+              _const("location_gain", np.float32(LOCATION_GAIN))]
     f, i64 = TensorProto.FLOAT, TensorProto.INT64
     inputs = [
         helper.make_tensor_value_info("input_ids", i64, ["batch", 1]),
         helper.make_tensor_value_info("encoder_attention_mask", i64, ["batch", "source"]),
         helper.make_tensor_value_info("encoder_hidden_states", f, ["batch", "source", H]),
-        *[helper.make_tensor_value_info(k, f, ["batch", H]) for k in STATE],
+        *[helper.make_tensor_value_info(k, f, ["batch", H]) for k in VECTOR_STATE],
+        helper.make_tensor_value_info(PREVIOUS_ATTENTION, f, ["batch", "source"]),
     ]
     outputs = [
         helper.make_tensor_value_info("logits", f, ["batch", w.w_out.shape[1]]),
-        *[helper.make_tensor_value_info(k.replace("past", "present"), f, ["batch", H]) for k in STATE],
+        *[helper.make_tensor_value_info(k.replace("past", "present"), f, ["batch", H]) for k in VECTOR_STATE],
+        helper.make_tensor_value_info(PREVIOUS_ATTENTION.replace("past", "present"), f, ["batch", "source"]),
         helper.make_tensor_value_info("cross_attentions", f, ["batch", 1, 1, "source"]),
     ]
     return _model(helper.make_graph(nodes, "decoder", inputs, outputs, inits))
@@ -221,7 +231,8 @@ def manifest(tokenizer, init_hidden="initial_state.hidden") -> dict:
 
     tags = bpe.language_token_ids(tokenizer)
     inits = {"past_state.hidden": {"from": init_hidden} if init_hidden else "zeros",
-             "past_state.cell": {"from": "initial_state.cell"}, "past_state.context": "zeros"}
+             "past_state.cell": {"from": "initial_state.cell"}, "past_state.context": "zeros",
+             PREVIOUS_ATTENTION: "zeros"}
     return {
         "format_version": 1, "name": NAME, "version": 1, "task": "translation",
         "languages": {"source": ["en", "zh-TW"], "target": ["en", "zh-TW"]},
@@ -237,7 +248,7 @@ def manifest(tokenizer, init_hidden="initial_state.hidden") -> dict:
         ],
         "state": [
             {"input": k, "output": k.replace("past", "present"), "update": "replace", "batch_axis": 0,
-             "dtype": "float32", "shape": ["batch", H], "init": inits[k]}
+             "dtype": "float32", "shape": ["batch", "source" if k == PREVIOUS_ATTENTION else H], "init": inits[k]}
             for k in STATE
         ],
     }
@@ -327,8 +338,11 @@ def check_against_reference(engine, weights, indices, tamper=None) -> None:
         ref = reference_greedy(weights, list(p.source.ids), p.start_id, eos, p.max_new_tokens)
         assert len(steps) == len(ref.states)
         for t, ((fed, out), state) in enumerate(zip(steps, ref.states)):
-            for k in STATE:
+            for k in VECTOR_STATE:
                 np.testing.assert_allclose(fed[k], state[k], atol=ATOL, err_msg=f"state {k} fed into step {t}")
+            previous = fed[PREVIOUS_ATTENTION]  # as wide as the batch's longest remaining row
+            np.testing.assert_allclose(previous[: p.source.length], state[PREVIOUS_ATTENTION], atol=ATOL)
+            assert not previous[p.source.length :].any(), "previous attention on padding"
             attention = out["cross_attentions"][0, 0]  # (S_batch,): the batch's source width this step
             np.testing.assert_allclose(attention[: p.source.length], ref.attention[t], atol=ATOL)
             assert not attention[p.source.length :].any(), "attention on another row's padding"

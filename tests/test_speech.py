@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from attnserve.clients import cli, timeline
 from attnserve.clients.client import AttnServeError, Client, audio_request
 from attnserve.server import app
 from attnserve.server.audio import read_wav, resample
@@ -29,6 +30,7 @@ from attnserve.server.generation import (
 from attnserve.server.manifest import load_manifest
 from attnserve.server.repository import find_models, open_runtime
 from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.timestamps import word_timings
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_SPEECH_NAME as NAME
@@ -113,6 +115,22 @@ def test_a_served_wav_equals_the_offline_reference(served, tiny_speech_model, st
     assert result.attention.col_labels[:2] == ["0.00-0.04", "0.04-0.08"]
     assert result.attention.col_labels[-1].endswith(f"-{frames * 0.01:.2f}")
     assert result.text == served[2][NAME].tokenizer.decode(tokens) and result.target_language == "en"
+    # Word timestamps: the offline attention read along its monotonic path, over the same 40 ms columns.
+    starts = np.arange(columns) * 0.04
+    words = served[2][NAME].tokenizer.words(tokens)
+    pieces = [t.piece for t in result.tokens]
+    expected = word_timings(np.asarray(attention), pieces, words, starts, np.minimum(starts + 0.04, frames * 0.01))
+    assert [w.word for w in result.words] == [w.word for w in expected] and expected
+    np.testing.assert_allclose([(w.start_seconds, w.end_seconds) for w in result.words],
+                               [(w.start_seconds, w.end_seconds) for w in expected], atol=1e-9)
+    assert all(0 <= w.start_seconds < w.end_seconds <= frames * 0.01 for w in result.words)
+
+
+def test_words_have_timestamps_without_asking_for_attention(served):
+    client, _, _ = served
+    with_attention = client.generate(audio_request(wav(0), model=NAME, attention=True))
+    without = client.generate(audio_request(wav(0), model=NAME))
+    assert without.attention is None and without.words == with_attention.words and without.words
 
 
 def test_raw_samples_equal_the_same_audio_as_a_wav_file(served):
@@ -263,3 +281,46 @@ def test_a_manifest_whose_time_reduction_the_encoder_does_not_do_fails_the_reque
             engine.generate(GenerationRequest(NAME, audio=AudioInput(wav=wav(0))), WAIT)
     finally:
         engine.close()
+
+
+# ---- attnserve transcribe -----------------------------------------------------------------------------------
+
+
+def test_transcribe_prints_the_transcript(served, tmp_path, capsys):
+    client, _, _ = served
+    (tmp_path / "clip.wav").write_bytes(wav(1))
+    assert cli.main(["transcribe", str(tmp_path / "clip.wav"), "--address", client.address]) == 0
+    assert capsys.readouterr().out == client.generate(audio_request(wav(1), model=NAME)).text + "\n"
+
+
+def test_transcribe_attention_shows_every_word_with_its_span_and_strip(served, tmp_path, capsys):
+    client, _, _ = served
+    (tmp_path / "clip.wav").write_bytes(wav(1))
+    assert cli.main(["transcribe", str(tmp_path / "clip.wav"), "--attention", "--address", client.address]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    result = client.generate(audio_request(wav(1), model=NAME, attention=True, granularity="words"))
+    assert lines[0] == result.text and lines[2].strip().startswith("0s")  # the time ruler
+    rows = lines[3:]
+    assert len(rows) == len(result.words) > 0
+    for row, word in zip(rows, result.words):
+        assert row.startswith(f"{word.start_seconds:5.2f}-{word.end_seconds:5.2f}  {word.word[:13]}")
+        assert any(shade in row for shade in timeline.SHADES[1:])
+
+
+def test_transcribe_json_carries_the_word_timings(served, tmp_path, capsys):
+    client, _, _ = served
+    (tmp_path / "clip.wav").write_bytes(wav(2))
+    assert cli.main(["transcribe", str(tmp_path / "clip.wav"), "--json", "--address", client.address]) == 0
+    words = json.loads(capsys.readouterr().out)["words"]
+    expected = client.generate(audio_request(wav(2), model=NAME)).words
+    assert [(w["word"], w["start_seconds"], w["end_seconds"]) for w in words] == [
+        (w.word, w.start_seconds, w.end_seconds) for w in expected]
+
+
+def test_transcribe_a_file_that_is_not_audio_is_a_clear_error(served, tmp_path, capsys):
+    client, _, _ = served
+    (tmp_path / "notes.txt").write_text("hello")
+    assert cli.main(["transcribe", str(tmp_path / "notes.txt"), "--address", client.address]) == 1
+    assert capsys.readouterr().err.startswith("error: INVALID_ARGUMENT: ")
+    with pytest.raises(SystemExit, match="cannot read"):
+        cli.main(["transcribe", str(tmp_path / "missing.wav"), "--address", client.address])

@@ -80,9 +80,10 @@ def test_teacher_forced_logits_equal_the_step_by_step_decoder(model):
     with torch.no_grad():
         teacher_forced, _, _ = model(features, mask, tgt_in)
         memory, keys, reduced, h, c = model.encode(features, mask)
-        context, steps = model.initial_context(2), []
+        context, previous, steps = model.initial_context(2), torch.zeros(reduced.shape), []
         for u in range(tgt_in.shape[1]):
-            logits, h, c, context, _ = model.decode_step(tgt_in[:, u], h, c, context, memory, keys, reduced)
+            logits, h, c, context, previous = model.decode_step(
+                tgt_in[:, u], h, c, context, previous, memory, keys, reduced)
             steps.append(logits)
     torch.testing.assert_close(teacher_forced, torch.stack(steps, 1), atol=1e-6, rtol=0)
 
@@ -145,7 +146,8 @@ def test_the_manifest_is_the_contracts_audio_speller(repo):
     manifest = load_manifest(repo / NAME / "1" / "manifest.json")
     assert manifest.input.kind == "audio" and manifest.input.time_reduction == 8
     assert manifest.input.features == FEATURES  # the training features' parameters, from one home
-    assert [s.update for s in manifest.state] == ["replace"] * 3
+    assert [s.update for s in manifest.state] == ["replace"] * 4
+    assert [s.source_axis for s in manifest.state] == [None, None, None, 1]  # the previous attention
     assert manifest.decoder_start == {"en": vocabulary.START_ID}
 
 

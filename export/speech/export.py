@@ -5,7 +5,8 @@ speller example): encoder.onnx, decoder.onnx, tokenizer.json (the characters) an
 
 encoder.onnx runs the Listener on log-mel frames (T a multiple of the time reduction) and computes what is
 constant for a clip: the listener states, their attention keys, the reduced mask and the speller's first
-h and c. decoder.onnx is one Speller step; its h, c and attention context are `replace` state, so the
+h and c. decoder.onnx is one Speller step; its h, c, attention context and attention weights (the next
+step's location features; a state along the source axis) are `replace` state, so the
 server's one decode loop (batching, beam search, streaming) runs it like any other model. The legacy
 TorchScript exporter keeps the LSTMs' time axes dynamic (the dynamo exporter fixes them to the example's).
 The exporter ends with a parity check of ONNX Runtime against PyTorch at lengths and batch sizes unlike
@@ -34,6 +35,7 @@ STATE = [
     ("past_state.hidden", "present_state.hidden", {"from": "initial_state.hidden"}),
     ("past_state.cell", "present_state.cell", {"from": "initial_state.cell"}),
     ("past_state.context", "present_state.context", "zeros"),
+    ("past_state.attention", "present_state.attention", "zeros"),
 ]
 ENCODER_INPUTS = ["input_features", "attention_mask"]
 ENCODER_OUTPUTS = ["encoder_hidden_states", "encoder_keys", "encoder_attention_mask",
@@ -64,11 +66,11 @@ class DecoderStepGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, encoder_attention_mask, memory, keys, h, c, context):
+    def forward(self, input_ids, encoder_attention_mask, memory, keys, h, c, context, previous):
         logits, h, c, context, weights = self.model.decode_step(
-            input_ids[:, 0], h, c, context, memory, keys, encoder_attention_mask
+            input_ids[:, 0], h, c, context, previous, memory, keys, encoder_attention_mask
         )
-        return logits, h, c, context, weights[:, None, None, :]  # attention (B, 1 layer, 1 head, S)
+        return logits, h, c, context, weights, weights[:, None, None, :]  # attention (B, 1 layer, 1 head, S)
 
 
 def example_inputs(model: ListenAttendSpell) -> tuple[tuple, tuple]:
@@ -78,8 +80,9 @@ def example_inputs(model: ListenAttendSpell) -> tuple[tuple, tuple]:
     with torch.no_grad():
         memory, keys, reduced, h, c = model.encode(features, mask)
     context = torch.randn(2, 2 * cfg.listener_hidden)
+    previous = torch.rand(reduced.shape) * reduced
     ids = torch.tensor([[vocabulary.START_ID], [vocabulary.START_ID + 5]])
-    return (features, mask), (ids, reduced, memory, keys, h, c, context)
+    return (features, mask), (ids, reduced, memory, keys, h, c, context, previous)
 
 
 def export_graphs(model: ListenAttendSpell, out_dir: pathlib.Path) -> None:
@@ -102,8 +105,8 @@ def export_graphs(model: ListenAttendSpell, out_dir: pathlib.Path) -> None:
     torch.onnx.export(
         DecoderStepGraph(model), decoder_example, str(out_dir / "decoder.onnx"),
         input_names=DECODER_INPUTS, output_names=DECODER_OUTPUTS,
-        dynamic_axes={**{n: batch_source for n in STATIC},
-                      **{n: batch for n in ["input_ids", "logits", *(n for s in STATE for n in s[:2])]},
+        dynamic_axes={**{n: batch_source for n in [*STATIC, *STATE[3][:2]]},
+                      **{n: batch for n in ["input_ids", "logits", *(n for s in STATE[:3] for n in s[:2])]},
                       "cross_attentions": {0: "batch", 3: "source"}},
         opset_version=OPSET, dynamo=False, external_data=False,
     )
@@ -123,9 +126,10 @@ def _pin_last_dim(path: pathlib.Path, widths: dict[str, int]) -> None:
 
 def build_manifest(model: ListenAttendSpell, name: str, version: int, max_seconds: float = 20.0,
                    max_new_tokens: int = 400, max_bytes: int = 16 * 2**20, description: str | None = None) -> dict:
-    """The audio manifest: listener states, keys and mask are static; h, c and context are replaced state."""
+    """The audio manifest: listener states, keys and mask are static; h, c, context and the previous
+    attention are replaced state."""
     cfg = model.cfg
-    widths = [cfg.speller_hidden, cfg.speller_hidden, 2 * cfg.listener_hidden]
+    widths = [cfg.speller_hidden, cfg.speller_hidden, 2 * cfg.listener_hidden, "source"]
     state = [
         {"input": past, "output": present, "update": "replace", "batch_axis": 0, "dtype": "float32",
          "shape": ["batch", width], "init": init}
@@ -138,7 +142,7 @@ def build_manifest(model: ListenAttendSpell, name: str, version: int, max_second
         "task": "speech-recognition",
         "description": description or (
             f"English speech recognizer (characters): pyramid BiLSTM listener ({cfg.time_reduction}x time "
-            "reduction) + LSTM speller with additive attention (listen, attend and spell)"
+            "reduction) + LSTM speller with location-aware attention (listen, attend and spell)"
         ),
         "languages": {"source": ["en"], "target": ["en"]},
         "tokenizer": {"file": "tokenizer.json", "word_boundary": "metaspace-cjk"},
@@ -201,16 +205,16 @@ def parity(model: ListenAttendSpell, model_dir: pathlib.Path, cases=PARITY_CASES
             torch_enc = model.encode(features, mask)  # memory, keys, reduced, h, c
         record(ENCODER_OUTPUTS, onnx_enc, torch_enc)
         memory, keys, reduced, h, c = torch_enc
-        context = model.initial_context(batch)
-        onnx_state = [onnx_enc[3], onnx_enc[4], context.numpy()]
+        context, previous = model.initial_context(batch), torch.zeros(reduced.shape)
+        onnx_state = [onnx_enc[3], onnx_enc[4], context.numpy(), previous.numpy()]
         for _ in range(steps):
             ids = torch.from_numpy(rng.integers(vocabulary.START_ID, model.cfg.vocab_size, (batch,)))
             feeds = [ids[:, None].numpy(), onnx_enc[2], onnx_enc[0], onnx_enc[1], *onnx_state]
             onnx_dec = decoder.run(None, dict(zip(DECODER_INPUTS, feeds)))
             with torch.no_grad():
-                logits, h, c, context, weights = model.decode_step(ids, h, c, context, memory, keys, reduced)
-            record(DECODER_OUTPUTS, onnx_dec, [logits, h, c, context, weights[:, None, None, :]])
-            onnx_state = onnx_dec[1:4]
+                logits, h, c, context, previous = model.decode_step(ids, h, c, context, previous, memory, keys, reduced)
+            record(DECODER_OUTPUTS, onnx_dec, [logits, h, c, context, previous, previous[:, None, None, :]])
+            onnx_state = onnx_dec[1:5]
     return worst
 
 
