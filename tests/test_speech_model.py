@@ -268,15 +268,18 @@ def test_error_rates_count_edits_over_reference_units():
     assert error_rate(["he askd me", "go"], ["he asked", "go"], "word") == pytest.approx(2 / 3)
 
 
-def test_word_times_are_read_from_the_attention_centre_of_each_word_row():
+def test_served_word_times_are_compared_with_the_matching_reference_words():
     from types import SimpleNamespace
 
-    from attnserve.export.speech.evaluate import voice_group, word_time_errors
+    from attnserve.export.speech.evaluate import timing_summary, voice_group, word_time_errors
+    from attnserve.server.generation import WordTiming
 
-    row = {"text": "go on", "inexact_words": 0, "words": [["go", 0.0, 0.16], ["on", 0.16, 0.40]]}
-    attention = SimpleNamespace(col_labels=["0.00-0.08", "0.08-0.16", "0.16-0.24", "0.24-0.32"],
-                                weights=[[0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5]])
-    errors = word_time_errors(row, SimpleNamespace(text="go on", attention=attention))
-    assert errors == pytest.approx([0.0, 0.04])  # centres 0.08 and 0.24 vs word middles 0.08 and 0.28
-    assert word_time_errors(row, SimpleNamespace(text="go one", attention=attention)) == []  # not exact
+    row = {"text": "go on now", "inexact_words": 0, "words": [["go", 0.0, 0.16], ["on", 0.16, 0.40], ["now", 0.5, 0.9]]}
+    # "go an now": "an" matches nothing; "go" and "now" are compared with their reference times.
+    served = SimpleNamespace(words=[WordTiming("go", 0.08, 0.16), WordTiming("an", 0.16, 0.4), WordTiming("now", 0.5, 1.1)])
+    np.testing.assert_allclose(word_time_errors(row, served), [(0.08, 0.0), (0.0, 0.2)], atol=1e-9)
+    assert word_time_errors({**row, "inexact_words": 1}, served) == []
+    summary = timing_summary(word_time_errors(row, served))
+    assert summary["words"] == 2 and summary["boundaries_within_100ms"] == pytest.approx(3 / 4)
+    assert summary["start_median_s"] == pytest.approx(0.04) and timing_summary([]) == {"words": 0}
     assert voice_group({"engine": "espeak-ng", "voice": "en-gb-x-rp+f3"}) == "espeak-ng:en-gb-x-rp"

@@ -4,16 +4,17 @@ on corpus splits, overall and per voice, and how well its attention places words
     python -m attnserve.export.speech.evaluate --model-dir models/speech-en/1 --corpus data/speech \\
         --splits test_seen test_heldout_voices --out models/speech-en/scores.json
 
-The server computes no word timestamps. What it returns is the attention at word granularity: one row per
-output word (its characters' rows averaged) over time-span columns. The "word timing" figures read a
-word's time as the attention-weighted centre of its row and compare it with the middle of the word in the
-corpus (the synthesizer's own word times), on clips transcribed exactly and whose word times are exact.
+Word timing compares the server's word timestamps (the `words` of every audio response, read from the
+attention: server/timestamps.py) with the synthesizer's own word times in the corpus: each recognised
+word that matches a reference word (the two word sequences aligned by their longest matching blocks), on
+clips whose corpus word times are exact, gives a start error and an end error.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import difflib
 import json
 import pathlib
 import time
@@ -67,17 +68,45 @@ def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, a
     return results
 
 
-def word_time_errors(row: dict, result) -> list[float]:
-    """|attention centre - corpus word middle| in seconds per word, for an exact transcript with exact times."""
-    if result.text != row["text"] or row["inexact_words"] or result.attention is None:
+def word_time_errors(row: dict, result) -> list[tuple[float, float]]:
+    """(|start error|, |end error|) in seconds of each served word that matches a reference word.
+
+    Clips whose corpus word times are inexact (an engine that reports none for some words) give none.
+    """
+    if row["inexact_words"]:
         return []
-    spans = [tuple(map(float, label.split("-"))) for label in result.attention.col_labels]
-    centres = np.array([(a + b) / 2 for a, b in spans])  # (S,)
-    weights = np.asarray(result.attention.weights)  # (words, S)
-    if weights.shape[0] != len(row["words"]):
-        return []
-    estimated = weights @ centres / np.maximum(weights.sum(1), 1e-9)
-    return [abs(t - (start + end) / 2) for t, (_, start, end) in zip(estimated, row["words"])]
+    served = [w.word for w in result.words]
+    reference = [w for w, _, _ in row["words"]]
+    errors = []
+    for block in difflib.SequenceMatcher(None, served, reference, autojunk=False).get_matching_blocks():
+        for k in range(block.size):
+            word = result.words[block.a + k]
+            _, start, end = row["words"][block.b + k]
+            errors.append((abs(word.start_seconds - start), abs(word.end_seconds - end)))
+    return errors
+
+
+def timing_summary(errors: list[tuple[float, float]]) -> dict:
+    """Median and 90th percentile of start and end errors, and the share of boundaries within 100 ms."""
+    if not errors:
+        return {"words": 0}
+    starts, ends = np.array(errors).T
+    both = np.concatenate([starts, ends])
+    return {
+        "words": len(errors),
+        "start_median_s": float(np.median(starts)), "start_p90_s": float(np.percentile(starts, 90)),
+        "end_median_s": float(np.median(ends)), "end_p90_s": float(np.percentile(ends, 90)),
+        "boundaries_within_100ms": float(np.mean(both <= 0.1)),
+    }
+
+
+def example(row: dict, result) -> dict:
+    """A clip's reference and served transcript, with served and corpus word times."""
+    return {
+        "voice": voice_group(row), "reference": row["text"], "hypothesis": result.text,
+        "words": [[w.word, round(w.start_seconds, 2), round(w.end_seconds, 2)] for w in result.words],
+        "reference_words": [[w, round(start, 2), round(end, 2)] for w, start, end in row["words"]],
+    }
 
 
 def score_split(engine, corpus: pathlib.Path, split: str, beam_size: int, limit: int | None) -> dict:
@@ -105,15 +134,9 @@ def score_split(engine, corpus: pathlib.Path, split: str, beam_size: int, limit:
             }
             for voice, ix in sorted(groups.items())
         },
-        "word_timing": {
-            "words": len(timing),
-            "median_abs_error_s": float(np.median(timing)) if timing else None,
-            "mean_abs_error_s": float(np.mean(timing)) if timing else None,
-            "within_100ms": float(np.mean(np.array(timing) <= 0.1)) if timing else None,
-        },
+        "word_timing": timing_summary(timing),
         "audio_seconds_per_second": audio / seconds,
-        "examples": [{"voice": voice_group(rows[i]), "reference": references[i], "hypothesis": hypotheses[i]}
-                     for i in range(min(5, len(rows)))],
+        "examples": [example(rows[i], results[i]) for i in range(min(5, len(rows)))],
     }
 
 

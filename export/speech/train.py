@@ -3,7 +3,7 @@
     python -m attnserve.export.speech.train --corpus data/speech --run ~/.cache/attnserve/runs/speech-en --minutes 120
 
 Seeded and resumable: the run folder keeps `last.pt` (rerunning the same command continues from it, at the
-same batch of the same epoch) and `best.pt` (lowest seen-voice dev CER), and logs to `<run>/train.log`.
+same batch of the same epoch; `touch <run>/STOP` makes a running training checkpoint and end at once) and `best.pt` (lowest seen-voice dev CER), and logs to `<run>/train.log`.
 The log-mel features of each split are computed once (server/features.py, so training features are the
 served features) and cached under `--features` (fingerprinted: a rebuilt corpus is recomputed). Only `dev` (held-out sentences, seen voices) selects the
 model; the held-out voices are for evaluation alone.
@@ -285,10 +285,12 @@ def run_epochs(model, optimizer, train_data, dev_data, tokenizer, state, run, mi
                 log.info("step %d epoch %d loss %.3f lr %.2e audio %.2f h, %.1f audio-s/s", state["step"],
                          state["epoch"], loss.item(), optimizer.param_groups[0]["lr"], state["audio_seconds"] / 3600,
                          speed)
-            if time.monotonic() >= next_checkpoint or time.monotonic() >= deadline:
+            stop = (run / "STOP").exists()  # `touch RUN/STOP`: checkpoint now and end, without losing work
+            if stop or time.monotonic() >= next_checkpoint or time.monotonic() >= deadline:
                 checkpoint(model, optimizer, dev_data, tokenizer, state, run, opts)
                 next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
-            if time.monotonic() >= deadline:
+            if stop or time.monotonic() >= deadline:
+                (run / "STOP").unlink(missing_ok=True)
                 return
         state["epoch"] += 1
         state["batch_in_epoch"] = 0
