@@ -3,8 +3,11 @@
     attnserve serve --port 50051 --models models/
     attnserve translate "我愛你" --to en --attention
     attnserve transcribe clip.wav --attention
+    attnserve caption scene.png --attention words.png
     attnserve compare "我愛你" --models translate-zh-en,translate-zh-en-rnn
     attnserve models
+    attnserve health --address a:50051,b:50051
+    attnserve web --port 8080                     # the browser demo, calling the server at --address
 
 Only `serve` needs the serving core (ONNX Runtime); it is imported when that subcommand runs.
 """
@@ -27,10 +30,11 @@ from attnserve.clients.client import (
     DEFAULT_MODEL,
     AttnServeError,
     Client,
+    TlsOptions,
     audio_request,
+    image_request,
     translation_request,
 )
-from attnserve.server import convert
 from attnserve.server.generation import GenerationRequest, GenerationResult, InputKind, ModelInfo
 
 
@@ -67,14 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="serve a model repository over gRPC")
-    serve.add_argument("--models", default="models", help="model repository folder (default: models)")
-    serve.add_argument("--host", default="[::]", help="interface to listen on (default: all)")
-    serve.add_argument("--port", type=int, default=convert.DEFAULT_PORT, help="gRPC port (default: %(default)s)")
-    serve.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    serve.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per model (default: 1)")
-    serve.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics over HTTP on this port")
-    serve.add_argument("--max-batch-size", type=int, default=16, help="(default: %(default)s)")
-    serve.add_argument("--batch-window-ms", type=float, default=5.0, help="(default: %(default)s)")
+    # The flags and their defaults live beside the server's options (server/serve_options.py).
+    from attnserve.server import serve_options
+
+    serve_options.add_arguments(serve)
     serve.set_defaults(run=_serve)
 
     translate = commands.add_parser("translate", help="translate text and optionally show the attention")
@@ -84,7 +84,10 @@ def _parser() -> argparse.ArgumentParser:
         help="target language (default: asked from the server: the model's only target language, else the one "
         "the text is not written in)",
     )
-    translate.add_argument("--attention", action="store_true", help="also draw the attention heatmap")
+    translate.add_argument(
+        "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
+        help="also draw the attention heatmap: in the terminal, or as a PNG (matplotlib) given a path",
+    )
     grouping = translate.add_mutually_exclusive_group()
     grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
     grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
@@ -117,7 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     transcribe = commands.add_parser("transcribe", help="transcribe a WAV file, with each word's time span")
     transcribe.add_argument("file", help="a WAV file (16/32-bit PCM or float, any common rate); - reads stdin")
     transcribe.add_argument(
-        "--attention", action="store_true", help="show each word's time span and its attention over time"
+        "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
+        help="show each word's time span and its attention over time: in the terminal, or as a PNG given a path",
     )
     transcribe.add_argument("--beam-size", type=int, default=1, help="1 = greedy search (default), up to 16")
     transcribe.add_argument("--model", help="a served audio model (default: the first one the server lists)")
@@ -125,45 +129,87 @@ def _parser() -> argparse.ArgumentParser:
     _add_address(transcribe)
     transcribe.set_defaults(run=_transcribe)
 
+    caption = commands.add_parser("caption", help="caption a PNG or JPEG image, with each word's attention")
+    caption.add_argument("file", help="a PNG or JPEG file; - reads stdin")
+    caption.add_argument("--attention", metavar="OUT.png",
+                         help="write the image with each word's attention heatmap, one panel per word")
+    caption.add_argument("--beam-size", type=int, default=1, help="1 = greedy search (default), up to 16")
+    caption.add_argument("--model", help="a served image model (default: the first one the server lists)")
+    caption.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    _add_address(caption)
+    caption.set_defaults(run=_caption)
+
     models = commands.add_parser("models", help="list the served models")
     _add_address(models)
     models.set_defaults(run=_models)
+
+    health = commands.add_parser("health", help="ask each server address whether it is serving (exit 1 if not)")
+    health.add_argument("--service", default="", help="a model's name, or attnserve.v1.AttnServe (default: all)")
+    _add_address(health)
+    health.set_defaults(run=_health)
+
+    web = commands.add_parser("web", help="serve the browser demo, an HTTP gateway to the server at --address")
+    web.add_argument("--host", default="127.0.0.1", help="interface of the page (default: %(default)s)")
+    web.add_argument("--port", type=int, default=8080, help="HTTP port of the page (default: %(default)s)")
+    _add_address(web)
+    web.set_defaults(run=_web)
     return parser
 
 
 def _add_address(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", default=DEFAULT_ADDRESS, help="server host:port (default: %(default)s)")
+    parser.add_argument(
+        "--address", default=DEFAULT_ADDRESS,
+        help="server host:port, or several joined by commas, called in turn (default: %(default)s)",
+    )
+    parser.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's CAs")
+    parser.add_argument("--tls-ca", metavar="PEM", help="connect with TLS, trusting this CA bundle")
+    parser.add_argument(
+        "--token-file", metavar="FILE", help="send 'authorization: Bearer <token>' with the file's first line"
+    )
+
+
+def _connection(args: argparse.Namespace) -> dict:
+    """The clients' TLS and token options the address flags describe."""
+    tls = TlsOptions(root_certificates=args.tls_ca) if args.tls_ca else args.tls
+    try:
+        token = open(args.token_file).readline().strip() if args.token_file else None
+    except OSError as exc:
+        raise SystemExit(f"error: cannot read {args.token_file}: {exc.strerror}") from None
+    return {"tls": tls, "token": token}
+
+
+def _connect(args: argparse.Namespace, timeout: float | None = None) -> Client:
+    """The client the address flags describe."""
+    try:
+        return Client(args.address, timeout, **_connection(args))
+    except ValueError as exc:  # an unreadable CA file, an empty token
+        raise SystemExit(f"error: {exc}") from None
+
+
+def _png_path(value: str) -> str:
+    if value and not value.lower().endswith(".png"):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a .png path; to draw in the terminal, put --attention after the positional argument"
+        )
+    return value
 
 
 def _serve(args: argparse.Namespace) -> None:
-    import logging
+    from attnserve.server import app, serve_options  # app needs ONNX Runtime, which client-only installs lack
 
-    from attnserve.server import app  # needs ONNX Runtime, which client-only installs lack
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        options = app.ServeOptions(
-            models=args.models,
-            host=args.host,
-            port=args.port,
-            device=args.device,
-            threads=args.threads,
-            max_batch_size=args.max_batch_size,
-            batch_window_ms=args.batch_window_ms,
-            metrics_port=args.metrics_port,
-        )
-        app.run(options)
+        app.run(serve_options.from_args(args))
     except (OSError, ValueError) as exc:  # a bad option, a missing or malformed repository, a port in use
         raise SystemExit(f"error: {exc}") from None
 
 
 def _translate(args: argparse.Namespace) -> None:
-    with Client(args.address) as client:
+    with _connect(args) as client:
         to = args.to if args.to is not None else languages.default_target(client.get_model(args.model), args.text)
         request = translation_request(
             args.text,
             to=to,
-            attention=args.attention,
+            attention=args.attention is not None,
             granularity=args.granularity,
             layer=args.layer,
             max_new_tokens=args.max_tokens,
@@ -171,12 +217,18 @@ def _translate(args: argparse.Namespace) -> None:
             model=args.model,
         )
         result = _print_stream(client, request) if args.stream else client.generate(request)
+    if args.attention:
+        from attnserve.clients import plot  # matplotlib: only this option draws a PNG
+
+        plot.save_attention(result.attention, args.attention)
     if args.json:
         print(json.dumps(dataclasses.asdict(result), default=_enum_value, ensure_ascii=False, indent=2))
         return
     if not args.stream:
         print(result.text)
-    if result.attention is not None:
+    if args.attention:
+        print(f"attention: {args.attention}")
+    elif result.attention is not None:
         print()
         print(heatmap.render(result.attention))
 
@@ -186,25 +238,61 @@ def _transcribe(args: argparse.Namespace) -> None:
         data = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()
     except OSError as exc:
         raise SystemExit(f"error: cannot read {args.file}: {exc.strerror}") from None
-    with Client(args.address) as client:
+    with _connect(args) as client:
         model = args.model or _first_audio_model(client)
-        request = audio_request(data, model=model, attention=args.attention, granularity="words",
+        request = audio_request(data, model=model, attention=args.attention is not None, granularity="words",
                                 beam_size=args.beam_size)
         result = client.generate(request)
+    if args.attention:
+        from attnserve.clients import plot  # matplotlib: only this option draws a PNG
+
+        plot.save_timeline(result.words, result.attention, args.attention)
     if args.json:
         print(json.dumps(dataclasses.asdict(result), default=_enum_value, ensure_ascii=False, indent=2))
         return
     print(result.text)
     if args.attention:
+        print(f"attention: {args.attention}")
+    elif args.attention is not None:
         print()
         print(timeline.render(result.words, result.attention))
 
 
+def _caption(args: argparse.Namespace) -> None:
+    data = _read_input(args.file)
+    with _connect(args) as client:
+        model = args.model or _first_model_of(client, InputKind.IMAGE)
+        request = image_request(data, model=model, attention=args.attention is not None, granularity="words",
+                                beam_size=args.beam_size)
+        result = client.generate(request)
+    if args.attention is not None:
+        from attnserve.clients import overlay  # Pillow: only this option draws
+
+        overlay.render(data, result.attention).save(args.attention)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), default=_enum_value, ensure_ascii=False, indent=2))
+        return
+    print(result.text)
+    if args.attention is not None:
+        print(f"attention of each word: {args.attention}")
+
+
+def _read_input(path: str) -> bytes:
+    try:
+        return sys.stdin.buffer.read() if path == "-" else open(path, "rb").read()
+    except OSError as exc:
+        raise SystemExit(f"error: cannot read {path}: {exc.strerror}") from None
+
+
+def _first_model_of(client: Client, kind: InputKind) -> str:
+    names = [info.name for info in client.list_models() if info.input_kind is kind]
+    if not names:
+        raise SystemExit(f"error: the server has no {kind.value} model (see `attnserve models`)")
+    return names[0]
+
+
 def _first_audio_model(client: Client) -> str:
-    audio = [info.name for info in client.list_models() if info.input_kind is InputKind.AUDIO]
-    if not audio:
-        raise SystemExit("error: the server has no audio model (see `attnserve models`)")
-    return audio[0]
+    return _first_model_of(client, InputKind.AUDIO)
 
 
 def _print_stream(client: Client, request) -> GenerationResult:
@@ -218,7 +306,7 @@ def _print_stream(client: Client, request) -> GenerationResult:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    with Client(args.address) as client:
+    with _connect(args) as client:
         # The server says which models translate and into what, unless the options say both.
         needed = args.models is None or args.to is None
         infos = {info.name: info for info in client.list_models()} if needed else {}
@@ -288,15 +376,41 @@ def _error_json(error: AttnServeError) -> dict:
 
 
 def _models(args: argparse.Namespace) -> None:
-    with Client(args.address) as client:
+    with _connect(args) as client:
         infos = client.list_models()
     for info in infos:
         print(f"{info.name} (version {info.version}, {info.task}): {info.description}")
         print(f"  input: {_input_line(info)}")
         print(f"  languages: {', '.join(info.source_languages)} -> {', '.join(info.target_languages)}")
         unit = "source tokens" if info.input_kind is InputKind.TEXT else "attention columns"
-        print(f"  limits: {info.max_source_tokens} {unit}, {info.max_new_tokens} new tokens")
+        limits = [f"{info.max_text_chars} characters"] if info.max_text_chars else []
+        limits += [f"{info.max_source_tokens} {unit}", f"{info.max_new_tokens} new tokens"]
+        limits += [f"beam size {info.max_beam_size}"] if info.max_beam_size else []  # 0: an older server
+        limits += [f"requests of {info.max_request_bytes:,} bytes"] if info.max_request_bytes else []
+        print(f"  limits: {', '.join(limits)}")
         print(f"  attention: {info.attention_layers} layers x {info.attention_heads} heads")
+
+
+def _health(args: argparse.Namespace) -> int:
+    """One line per address: its status; exit status 0 only when every address is SERVING."""
+    with _connect(args, timeout=10.0) as client:
+        statuses = client.health(args.service)
+    for address, status in statuses.items():
+        print(f"{address}: {status}")
+    return 0 if all(status == "SERVING" for status in statuses.values()) else 1
+
+
+def _web(args: argparse.Namespace) -> None:
+    try:
+        from attnserve.clients.web import gateway
+    except ImportError as exc:  # aiohttp comes with the `web` extra
+        raise SystemExit(f"error: the web demo needs the web extra (pip install 'attnserve[web]'): {exc}") from None
+    print(f"attnserve web: http://{args.host}:{args.port}/ (gRPC server: {args.address})", flush=True)
+    _connect(args).close()  # checks the flags here; the gateway makes its own asyncio client from them
+    try:
+        gateway.run(args.address, args.host, args.port, **_connection(args))
+    except OSError as exc:  # the port is in use, or the host is not an interface of this machine
+        raise SystemExit(f"error: {exc}") from None
 
 
 def _input_line(info: ModelInfo) -> str:

@@ -1,24 +1,34 @@
 """Python clients of the attnserve gRPC API: `Client` (blocking) and `AsyncClient` (asyncio).
 
 Both return the plain dataclasses of `attnserve.server.generation` (converted by `attnserve.server.convert`,
-the same code the server uses) and raise `AttnServeError` for any failed RPC. Neither imports the
-serving core, so a client install needs no ONNX Runtime.
+the same code the server uses) and raise a subclass of `AttnServeError` for each failed RPC, by status code
+(`clients/errors.py`). Each call has a deadline (`timeout`, covering its retries), is retried with backoff
+when the server is unavailable or overloaded (`clients/retry.py`), and goes to the next of the client's
+addresses in turn (`clients/connection.py`). Neither client imports the serving core, so a client install
+needs no ONNX Runtime.
 
 Example:
     with Client("localhost:50051") as client:
         result = client.translate("我愛你", to="en", attention=True)
         print(result.text, result.attention.col_labels)
+
+    # Two replicas, TLS with a private CA, a bearer token, 10 s per call:
+    Client(["10.0.0.5:50051", "10.0.0.6:50051"], timeout=10, tls=TlsOptions("ca.pem"), token=token)
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import grpc
 import numpy as np
-
+from attnserve.clients import errors
+from attnserve.clients.connection import ChannelPool, TlsOptions, call_metadata, split_addresses
+from attnserve.clients.errors import AttnServeError
+from attnserve.clients.retry import RetryPolicy
 from attnserve.server import convert
 from attnserve.server.generation import (
     AttentionGranularity,
@@ -27,36 +37,27 @@ from attnserve.server.generation import (
     DecodingOptions,
     GenerationRequest,
     GenerationResult,
+    ImageInput,
     ModelInfo,
     StreamedToken,
 )
 from attnserve.v1 import attnserve_pb2 as pb
-from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+__all__ = [
+    "AsyncClient",
+    "AttnServeError",
+    "Client",
+    "RetryPolicy",
+    "TlsOptions",
+    "audio_request",
+    "image_request",
+    "translation_request",
+]
 
 DEFAULT_ADDRESS = f"localhost:{convert.DEFAULT_PORT}"
 DEFAULT_MODEL = "translate-zh-en"
-_CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", convert.MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", convert.MAX_MESSAGE_BYTES),
-]
-
-
-class AttnServeError(Exception):
-    """A failed RPC: `code` is the grpc.StatusCode, `details` the server's message."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
-@contextlib.contextmanager
-def _rpc_errors() -> Iterator[None]:
-    # Both grpc.RpcError (sync) and grpc.aio.AioRpcError (async) expose code() and details().
-    try:
-        yield
-    except grpc.RpcError as exc:
-        raise AttnServeError(exc.code(), exc.details() or "") from None
+DEFAULT_RETRY = RetryPolicy()
 
 
 def translation_request(
@@ -112,19 +113,74 @@ def audio_request(audio: bytes | np.ndarray, sample_rate_hz: int = 0, *, model: 
     return dataclasses.replace(translation_request("", model=model, **options), audio=data)
 
 
-class Client:
-    """Blocking client.
+
+
+def image_request(image: bytes, *, model: str, **options) -> GenerationRequest:
+    """Builds a request for an image model (captioning): `image` is a PNG or JPEG file's bytes.
 
     Args:
-        address: "host:port" of the server.
-        timeout: deadline of every call in seconds; None = no deadline.
+        image: the encoded image.
+        model: served model name (its `input_kind` is image, its limits are in `image`).
+        options: `translation_request`'s options (to, attention, granularity, layer, max_new_tokens, ...).
+    """
+    return dataclasses.replace(translation_request("", model=model, **options), image=ImageInput(bytes(image)))
+
+
+class _Settings:
+    """What both clients share: addresses, deadline, retries and credentials.
+
+    Args:
+        address: "host:port", several joined by commas, or a list of them: calls go to each in turn.
+        timeout: deadline of every call in seconds, retries included; None = no deadline.
+        tls: TLS settings (True = TLS with the system's root certificates); None or False = plaintext.
+        token: bearer token sent as `authorization: Bearer <token>`; None = none.
+        retry: when and how failed calls are retried (UNAVAILABLE and RESOURCE_EXHAUSTED only).
     """
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None):
-        self.address = address
-        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self._stub = pb_grpc.AttnServeStub(self._channel)
+    def __init__(
+        self,
+        address: str | Sequence[str],
+        timeout: float | None,
+        tls: TlsOptions | bool | None,
+        token: str | None,
+        retry: RetryPolicy,
+    ):
+        self.addresses = split_addresses(address)
+        self.address = address if isinstance(address, str) else ",".join(self.addresses)
         self.timeout = timeout
+        self.tls = TlsOptions() if tls is True else (tls or None)
+        self.retry = retry
+        self._metadata = call_metadata(token)
+
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None else time.monotonic() + self.timeout
+
+    @staticmethod
+    def _remaining(deadline: float | None) -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _retry_delay(self, failed: int, error: AttnServeError, deadline: float | None) -> float:
+        """Seconds to wait before the next try; raises `error` when there is none."""
+        delay = self.retry.delay(failed, error.code, self._remaining(deadline))
+        if delay is None:
+            raise error from None
+        return delay
+
+
+class Client(_Settings):
+    """Blocking client; safe to share between threads. See `_Settings` for the arguments."""
+
+    def __init__(
+        self,
+        address: str | Sequence[str] = DEFAULT_ADDRESS,
+        timeout: float | None = None,
+        *,
+        tls: TlsOptions | bool | None = None,
+        token: str | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ):
+        super().__init__(address, timeout, tls, token, retry)
+        self._pool = ChannelPool(self.addresses, self.tls)
 
     def translate(self, text: str, to: str = "", **options) -> GenerationResult:
         """Translates `text` into `to`; `options` are `translation_request`'s (attention, beam_size, ...)."""
@@ -133,9 +189,8 @@ class Client:
 
     def generate(self, request: GenerationRequest, source_language: str | None = None) -> GenerationResult:
         """Runs one request to completion."""
-        with _rpc_errors():
-            response = self._stub.Generate(convert.request_to_proto(request, source_language), timeout=self.timeout)
-        return convert.result_from_proto(response)
+        message = convert.request_to_proto(request, source_language)
+        return convert.result_from_proto(self._unary("Generate", message))
 
     def stream(
         self, request: GenerationRequest, source_language: str | None = None
@@ -144,28 +199,73 @@ class Client:
 
         A token carries its attention row (one weight per source piece, EOS included) when the request
         asked for attention, at either granularity; the final result has the whole matrix. Leaving the
-        loop early cancels the request on the server, which stops decoding it.
+        loop early cancels the request on the server, which stops decoding it. A stream that fails before
+        its first message is retried as a unary call would be; once a token arrived, a failure is raised.
         """
-        call = self._stub.GenerateStream(convert.request_to_proto(request, source_language), timeout=self.timeout)
-        try:
-            with _rpc_errors():
-                for message in call:
-                    yield convert.stream_event_from_proto(message)
-        finally:
-            call.cancel()  # no-op once the stream has ended
+        message = convert.request_to_proto(request, source_language)
+        deadline, failed = self._deadline(), 0
+        while True:
+            call = self._pool.next().stub.GenerateStream(
+                message, timeout=self._remaining(deadline), metadata=self._metadata
+            )
+            received = False
+            try:
+                for event in call:
+                    received = True
+                    yield convert.stream_event_from_proto(event)
+                return
+            except grpc.RpcError as exc:
+                error = errors.from_rpc_error(exc)
+                if received:
+                    raise error from None
+                failed += 1
+                delay = self._retry_delay(failed, error, deadline)
+            finally:
+                call.cancel()  # no-op once the stream has ended
+            time.sleep(delay)
 
     def list_models(self) -> list[ModelInfo]:
-        with _rpc_errors():
-            response = self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+        response = self._unary("ListModels", pb.ListModelsRequest())
         return [convert.model_info_from_proto(m) for m in response.models]
 
     def get_model(self, name: str) -> ModelInfo:
-        with _rpc_errors():
-            response = self._stub.GetModel(pb.GetModelRequest(name=name), timeout=self.timeout)
-        return convert.model_info_from_proto(response)
+        return convert.model_info_from_proto(self._unary("GetModel", pb.GetModelRequest(name=name)))
+
+    def health(self, service: str = "") -> dict[str, str]:
+        """Asks every address's standard health service, without retries (a probe wants the truth).
+
+        Args:
+            service: "" = the server as a whole; "attnserve.v1.AttnServe", or a model's name.
+
+        Returns:
+            address -> "SERVING" or "NOT_SERVING", or the status code of a failed check: "UNAVAILABLE" for a
+            server that does not answer, "NOT_FOUND" for a service it does not know.
+        """
+        statuses = {}
+        for endpoint in self._pool.endpoints:
+            stub = health_pb2_grpc.HealthStub(endpoint.channel)
+            try:
+                response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+                statuses[endpoint.address] = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+            except grpc.RpcError as exc:
+                statuses[endpoint.address] = exc.code().name
+        return statuses
+
+    def _unary(self, method: str, message):
+        """Calls `method` on the next address, retrying as the policy allows within the deadline."""
+        deadline, failed = self._deadline(), 0
+        while True:
+            stub = self._pool.next().stub
+            try:
+                return getattr(stub, method)(message, timeout=self._remaining(deadline), metadata=self._metadata)
+            except grpc.RpcError as exc:
+                failed += 1
+                delay = self._retry_delay(failed, errors.from_rpc_error(exc), deadline)
+            time.sleep(delay)
 
     def close(self) -> None:
-        self._channel.close()
+        for endpoint in self._pool.endpoints:
+            endpoint.channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -174,18 +274,20 @@ class Client:
         self.close()
 
 
-class AsyncClient:
-    """asyncio client; the same methods as `Client`, as coroutines (`stream` is an async iterator).
+class AsyncClient(_Settings):
+    """asyncio client: `Client`'s methods as coroutines (`stream` is an async iterator), the same arguments."""
 
-    Args:
-        address: "host:port" of the server.
-        timeout: deadline of every call in seconds; None = no deadline.
-    """
-
-    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None):
-        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self._stub = pb_grpc.AttnServeStub(self._channel)
-        self.timeout = timeout
+    def __init__(
+        self,
+        address: str | Sequence[str] = DEFAULT_ADDRESS,
+        timeout: float | None = None,
+        *,
+        tls: TlsOptions | bool | None = None,
+        token: str | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ):
+        super().__init__(address, timeout, tls, token, retry)
+        self._pool = ChannelPool(self.addresses, self.tls, aio=True)
 
     async def translate(self, text: str, to: str = "", **options) -> GenerationResult:
         """Translates `text` into `to`; `options` are `translation_request`'s (attention, beam_size, ...)."""
@@ -194,36 +296,59 @@ class AsyncClient:
 
     async def generate(self, request: GenerationRequest, source_language: str | None = None) -> GenerationResult:
         """Runs one request to completion."""
-        with _rpc_errors():
-            response = await self._stub.Generate(
-                convert.request_to_proto(request, source_language), timeout=self.timeout
-            )
-        return convert.result_from_proto(response)
+        message = convert.request_to_proto(request, source_language)
+        return convert.result_from_proto(await self._unary("Generate", message))
 
     async def stream(
         self, request: GenerationRequest, source_language: str | None = None
     ) -> AsyncIterator[StreamedToken | GenerationResult]:
         """Yields a `StreamedToken` per generated token, then the `GenerationResult` (see `Client.stream`)."""
-        call = self._stub.GenerateStream(convert.request_to_proto(request, source_language), timeout=self.timeout)
-        try:
-            with _rpc_errors():
-                async for message in call:
-                    yield convert.stream_event_from_proto(message)
-        finally:
-            call.cancel()
+        message = convert.request_to_proto(request, source_language)
+        deadline, failed = self._deadline(), 0
+        while True:
+            call = self._pool.next().stub.GenerateStream(
+                message, timeout=self._remaining(deadline), metadata=self._metadata
+            )
+            received = False
+            try:
+                async for event in call:
+                    received = True
+                    yield convert.stream_event_from_proto(event)
+                return
+            except grpc.RpcError as exc:
+                error = errors.from_rpc_error(exc)
+                if received:
+                    raise error from None
+                failed += 1
+                delay = self._retry_delay(failed, error, deadline)
+            finally:
+                call.cancel()
+            await asyncio.sleep(delay)
 
     async def list_models(self) -> list[ModelInfo]:
-        with _rpc_errors():
-            response = await self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+        response = await self._unary("ListModels", pb.ListModelsRequest())
         return [convert.model_info_from_proto(m) for m in response.models]
 
     async def get_model(self, name: str) -> ModelInfo:
-        with _rpc_errors():
-            response = await self._stub.GetModel(pb.GetModelRequest(name=name), timeout=self.timeout)
-        return convert.model_info_from_proto(response)
+        return convert.model_info_from_proto(await self._unary("GetModel", pb.GetModelRequest(name=name)))
+
+    async def _unary(self, method: str, message):
+        """Calls `method` on the next address, retrying as the policy allows within the deadline."""
+        deadline, failed = self._deadline(), 0
+        while True:
+            stub = self._pool.next().stub
+            try:
+                return await getattr(stub, method)(
+                    message, timeout=self._remaining(deadline), metadata=self._metadata
+                )
+            except grpc.RpcError as exc:
+                failed += 1
+                delay = self._retry_delay(failed, errors.from_rpc_error(exc), deadline)
+            await asyncio.sleep(delay)
 
     async def close(self) -> None:
-        await self._channel.close()
+        for endpoint in self._pool.endpoints:
+            await endpoint.channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

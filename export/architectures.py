@@ -8,6 +8,7 @@ import pathlib
 import torch
 from tokenizers import Tokenizer
 
+from attnserve.export.image.model import ShowAttendTell, ShowAttendTellConfig
 from attnserve.export.model import Transformer, TransformerConfig
 from attnserve.export.recurrent import RecurrentConfig, RecurrentTranslator
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig
@@ -17,6 +18,7 @@ ARCHITECTURES = {
     "transformer": (Transformer, TransformerConfig),
     "recurrent": (RecurrentTranslator, RecurrentConfig),
     "listen-attend-spell": (ListenAttendSpell, ListenAttendSpellConfig),
+    "show-attend-tell": (ShowAttendTell, ShowAttendTellConfig),
 }
 
 

@@ -1,9 +1,11 @@
 """Runs the attnserve gRPC server: the AttnServe service, standard health checking and server reflection.
 
 The server listens on port 50051 unless told otherwise (`convert.DEFAULT_PORT`). The port opens once the
-models are loaded, and health then reports SERVING, both overall ("") and for "attnserve.v1.AttnServe".
-On SIGTERM or SIGINT it sets health to NOT_SERVING so load balancers stop sending, lets in-flight RPCs
-finish for a grace period, then closes the engines.
+models are loaded and each has answered a warm-up request; health then reports SERVING overall (""), for
+"attnserve.v1.AttnServe" and under each model's name (a model skipped as broken is NOT_SERVING there).
+Requests larger than any served model accepts are refused before they are parsed (server/limits.py). On
+SIGTERM or SIGINT the server drains (server/lifecycle.py): health NOT_SERVING, new generation calls
+UNAVAILABLE, in-flight requests finish within the grace period; then gRPC stops and the engines close.
 """
 
 from __future__ import annotations
@@ -11,15 +13,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import signal
 import threading
 from collections.abc import Mapping
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from attnserve.server import convert, errors, metrics, service
+from attnserve.server import errors, lifecycle, limits, logging_setup, metrics, readiness, security, service
+from attnserve.server.serve_options import ServeOptions  # noqa: F401  (re-exported: app.ServeOptions)
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 
@@ -29,103 +31,155 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AttnServe"].full_name  # "attnser
 _HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 
-@dataclasses.dataclass(frozen=True)
-class ServeOptions:
-    models: str = "models"  # model repository folder
-    host: str = "[::]"  # interface to listen on; "[::]" = all
-    port: int = convert.DEFAULT_PORT
-    device: str = "cpu"  # "cpu" or "cuda"
-    threads: int = 1  # ONNX Runtime intra-op threads per model
-    max_batch_size: int = 16  # most requests that share one encoder/decoder call
-    batch_window_ms: float = 5.0  # how long a worker waits for more requests before running a batch
-    metrics_port: int | None = None  # serve Prometheus /metrics over HTTP on all interfaces; None = don't
-    grace_seconds: float = 10.0  # how long in-flight RPCs may finish after a shutdown signal
-
-    def __post_init__(self):
-        # gRPC would take a port outside 0..65535 modulo 65536 and listen somewhere unexpected.
-        for name in ("port", "metrics_port"):
-            port = getattr(self, name)
-            if port is not None and not 0 <= port <= 65535:
-                raise ValueError(f"ServeOptions.{name} {port} is out of range: use 1..65535, or 0 for any free port")
+_GENERATION_METHODS = frozenset(f"/{SERVICE_NAME}/{name}" for name in ("Generate", "GenerateStream"))
+_SERVING, _NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class Server:
-    """A started gRPC server and the engines it serves; `stop` shuts both down in order."""
+    """A started gRPC server and the engines it serves; `stop` drains, then shuts both down in order."""
 
-    def __init__(self, server: grpc.aio.Server, health: health.aio.HealthServicer, engines: Mapping, port: int):
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        health: readiness.HealthServicer,
+        engines: Mapping,
+        port: int,
+        drain: lifecycle.Drain,
+        limits_: limits.MessageLimits,
+    ):
         self.grpc_server = server
         self.health = health
         self.engines = engines
         self.port = port  # the bound port (useful when asked for port 0)
+        self.drain_state = drain
+        self.limits = limits_
 
-    async def stop(self, grace: float | None) -> None:
-        """Health NOT_SERVING, then stop the server (in-flight RPCs get `grace` seconds), then close engines."""
+    async def drain(self, grace: float | None) -> lifecycle.DrainOutcome:
+        """Health NOT_SERVING, new generation calls UNAVAILABLE; waits up to `grace` s for in-flight ones."""
         await self.health.enter_graceful_shutdown()
-        await self.grpc_server.stop(grace)
+        return await self.drain_state.drain(grace)
+
+    async def close(self) -> None:
+        """Stops gRPC at once (cancelling what is left), then closes the engines."""
+        await self.grpc_server.stop(0)
         # Closing joins worker threads, which may be finishing a batch: keep the loop free meanwhile.
         await asyncio.to_thread(_close, self.engines)
 
+    async def stop(self, grace: float | None) -> None:
+        """Drains for up to `grace` seconds, then closes."""
+        outcome = await self.drain(grace)
+        logger.info("drained: %d in-flight requests finished, %d cut off", outcome.finished, outcome.cut_off)
+        await self.close()
 
-async def start(engines: Mapping[str, service.Engine], address: str) -> Server:
+
+async def start(
+    engines: Mapping[str, service.Engine],
+    address: str,
+    *,
+    broken: Mapping[str, str] | None = None,
+    tls: security.TlsFiles | None = None,
+    tokens: frozenset[str] | None = None,
+    max_inflight_bytes: int | None = None,
+) -> Server:
     """Starts serving `engines` (model name -> engine) on `address`, e.g. "[::]:50051" or "127.0.0.1:0".
+
+    Args:
+        broken: models that failed to load (name -> reason): NOT_SERVING, and calls naming them UNAVAILABLE.
+        tls: serve TLS only, with these files; None = plaintext.
+        tokens: accepted bearer tokens; None = no authentication.
+        max_inflight_bytes: bytes of generation requests handled at once; None = 8 of the largest.
 
     Raises:
         OSError: the address cannot be bound (in use, or not an address of this machine).
+        ValueError: a TLS file cannot be read, or the in-flight budget cannot hold one request.
     """
+    message_limits = _message_limits(engines)
+    inflight = max_inflight_bytes or 8 * message_limits.receive_bytes
+    if inflight < message_limits.receive_bytes:
+        raise ValueError(
+            f"--max-inflight-request-mb {inflight / 2**20:.2f} is below the largest request a served model "
+            f"accepts ({message_limits.receive_bytes / 2**20:.2f} MiB)"
+        )
+    admission = limits.RequestAdmission(message_limits, limits.InflightBytes(inflight), _GENERATION_METHODS)
+    # The token check comes first, so that an unauthenticated call is refused before anything is parsed.
+    interceptors = [security.TokenInterceptor(tokens)] if tokens else []
     server = grpc.aio.server(
-        interceptors=[errors.ErrorInterceptor()],
+        interceptors=[*interceptors, errors.ErrorInterceptor(admission)],
         options=[
-            ("grpc.max_send_message_length", convert.MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", convert.MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", message_limits.send_bytes),
+            # Refused by gRPC before any of it reaches Python; per-model limits are checked before parsing.
+            ("grpc.max_receive_message_length", message_limits.receive_bytes),
             # gRPC sets SO_REUSEPORT by default on Linux: a second server on a port in use would start and
             # silently share its traffic instead of failing.
             ("grpc.so_reuseport", 0),
+            # Bandwidth probing grows each connection's flow-control window to megabytes, which lets a client
+            # push that much of a message gRPC is about to refuse into the transport's buffers (16 refused
+            # 30 MiB requests still cost ~100 MB of RSS with it on, ~2 MB with it off).
+            ("grpc.http2.bdp_probe", 0),
         ],
     )
-    pb_grpc.add_AttnServeServicer_to_server(service.AttnServeServicer(engines), server)
-    health_servicer = health.aio.HealthServicer()
+    drain = lifecycle.Drain()
+    pb_grpc.add_AttnServeServicer_to_server(service.AttnServeServicer(engines, drain, broken), server)
+    metrics.describe_models(engines.values())
+    health_servicer = readiness.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, _HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server)
     # grpc's servicer starts out SERVING; nothing is served until the port listens.
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    for name in ("", SERVICE_NAME, *engines, *(broken or {})):
+        await health_servicer.set(name, _NOT_SERVING)
 
     try:
-        port = server.add_insecure_port(address)
+        if tls:
+            port = server.add_secure_port(address, security.server_credentials(tls))
+        else:
+            port = server.add_insecure_port(address)
     except RuntimeError as exc:  # grpc raises a bare "Failed to bind" without the address
         raise OSError(f"cannot listen on {address}: {exc}") from exc
     await server.start()
-    # The engines were loaded before the server was built, so the server is ready as soon as it listens.
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    logger.info("serving %s on %s (port %d)", ", ".join(sorted(engines)) or "no models", address, port)
-    return Server(server, health_servicer, engines, port)
+    # The engines were loaded (and warmed up, by `serve`) before the server was built: ready once it listens.
+    for name in ("", SERVICE_NAME, *engines):
+        await health_servicer.set(name, _SERVING)
+    for name, reason in (broken or {}).items():
+        logger.error("model %r is not served: %s", name, reason)
+    scheme = "TLS" if tls else "plaintext"
+    logger.info("serving %s on %s (port %d, %s)", ", ".join(sorted(engines)) or "no models", address, port, scheme)
+    return Server(server, health_servicer, engines, port, drain, message_limits)
+
+
+def _message_limits(engines: Mapping[str, service.Engine]) -> limits.MessageLimits:
+    """Each model's request limit, as its ModelInfo states it (engines that state none get one from their
+    input kind and limits, with 32 characters per text token)."""
+    sizes = {
+        name: engine.info.max_request_bytes or limits.request_bytes(limits.input_bytes(engine.info))
+        for name, engine in engines.items()
+    }
+    return limits.MessageLimits(sizes)
 
 
 async def serve_until_signal(server: Server, grace: float | None) -> None:
-    """Waits for SIGTERM or SIGINT, then stops `server`. A second signal gets the default handling."""
-    loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
-    signals = (signal.SIGTERM, signal.SIGINT)
-    for sig in signals:
-        loop.add_signal_handler(sig, stopping.set)
-    try:
-        await stopping.wait()
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-    logger.info("shutting down: %.1f s for in-flight requests", grace or 0.0)
-    await server.stop(grace)
+    """Waits for SIGTERM or SIGINT, then drains and stops `server`; a second signal stops it at once."""
+    await lifecycle.serve_until_signal(
+        lambda: server.drain(grace), server.close, lambda: server.drain_state.active, grace
+    )
 
 
 async def serve(options: ServeOptions) -> None:
-    """Loads the model repository and serves it until SIGTERM or SIGINT."""
+    """Loads and warms up the model repository and serves it until SIGTERM or SIGINT."""
     # Loading builds ONNX Runtime sessions (seconds): off the loop, though nothing else runs yet.
-    engines = await asyncio.to_thread(load_engines, options)
+    engines, broken = await asyncio.to_thread(load_models, options)
     try:
+        tokens = security.read_tokens(options.auth_token_file) if options.auth_token_file else None
+        tls = security.TlsFiles(options.tls_cert, options.tls_key, options.tls_client_ca) if options.tls_cert else None
         if options.metrics_port is not None:
-            metrics.serve_http(options.metrics_port)
-        server = await start(engines, f"{options.host}:{options.port}")
+            metrics.serve_http(options.metrics_port, options.metrics_host)
+        server = await start(
+            engines,
+            f"{options.host}:{options.port}",
+            broken=broken,
+            tls=tls,
+            tokens=tokens,
+            max_inflight_bytes=int(options.max_inflight_request_mb * 2**20),
+        )
     except BaseException:
         _close(engines)
         raise
@@ -134,23 +188,29 @@ async def serve(options: ServeOptions) -> None:
 
 def run(options: ServeOptions) -> None:
     """Blocking entry point of `attnserve serve`."""
+    logging_setup.configure(options.log_level, options.log_format)
     asyncio.run(serve(options))
 
 
 class BackgroundServer:
     """A server on its own event loop thread, for tests, benchmarks and notebooks.
 
+    Args:
+        engines: model name -> engine.
+        host, port: where to listen (port 0: any free port).
+        **start_options: keyword arguments of `start` (broken, tls, tokens, max_inflight_bytes).
+
     Example:
         with BackgroundServer(engines) as background:
             client = Client(background.address)
     """
 
-    def __init__(self, engines: Mapping[str, service.Engine], host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, engines: Mapping[str, service.Engine], host: str = "127.0.0.1", port: int = 0, **start_options):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="attnserve-server", daemon=True)
         self._thread.start()
         try:
-            self.server = self.call(start(engines, f"{host}:{port}"))
+            self.server = self.call(start(engines, f"{host}:{port}", **start_options))
         except BaseException:
             self._stop_loop()
             raise
@@ -185,15 +245,51 @@ def load_engines(options: ServeOptions) -> dict[str, service.Engine]:
     Raises:
         ValueError: the repository or a model in it is broken.
     """
+    engines, _ = load_models(dataclasses.replace(options, skip_broken_models=False))
+    return engines
+
+
+def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[str, str]]:
+    """Loads and warms up every model of `options.models` (blocking: builds ONNX Runtime sessions).
+
+    Returns:
+        (engines by name, broken models by name -> reason); the second is empty unless
+        `options.skip_broken_models`.
+
+    Raises:
+        ValueError: the repository is broken, or (without skip_broken_models) a model in it is; or with
+            it, no model loads.
+    """
     # Imported here so that the server package (and the client-only CLI) imports without onnxruntime.
     from attnserve.server import engine
     from attnserve.server.batcher import BatchingOptions
     from attnserve.server.runtime import RuntimeOptions
 
     runtime = RuntimeOptions(device=options.device, intra_op_threads=options.threads)
-    batching = BatchingOptions(max_batch_size=options.max_batch_size, window_seconds=options.batch_window_ms / 1000)
-    registry = engine.load_engines(options.models, runtime, batching)
-    return {name: registry.get(name) for name in registry.names()}
+    batching = BatchingOptions(
+        max_batch_size=options.max_batch_size,
+        window_seconds=options.batch_window_ms / 1000,
+        max_queue_size=options.max_queue_size,
+    )
+    broken: dict[str, str] | None = {} if options.skip_broken_models else None
+    registry = engine.load_engines(options.models, runtime, batching, broken)
+    engines = {name: registry.get(name) for name in registry.names()}
+    try:
+        for name in list(engines):
+            try:
+                readiness.warm_up(engines[name])
+            except Exception as exc:
+                if broken is None:
+                    raise ValueError(f"model {name!r} failed its warm-up request: {exc!r}") from exc
+                broken[name] = f"warm-up request failed: {exc!r}"
+                _close({name: engines.pop(name)})
+    except BaseException:
+        _close(engines)
+        raise
+    if not engines:
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in broken.items())
+        raise ValueError(f"{options.models}: no model could be loaded: {reasons}")
+    return engines, broken or {}
 
 
 def _close(engines: Mapping[str, service.Engine]) -> None:

@@ -18,7 +18,7 @@ from concurrent.futures import CancelledError, Future
 
 import numpy as np
 
-from attnserve.server import preprocessing
+from attnserve.server import limits, preprocessing
 from attnserve.server.attention import attention_matrix, layer_mean
 from attnserve.server.batcher import Batcher, BatchingOptions, WorkItem
 from attnserve.server.decoding import Batch, Hypothesis, PreparedRequest, StepEvents, decode, make_strategy
@@ -33,7 +33,7 @@ from attnserve.server.generation import (
 )
 from attnserve.server.repository import ModelVersion, find_models, open_runtime
 from attnserve.server.runtime import Runtime, RuntimeOptions
-from attnserve.server.tokenization import Tokenizer
+from attnserve.server.tokenization import Tokenizer, check_text
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +90,20 @@ class ModelEngine:
             max_new_tokens=m.limits.max_new_tokens,
             attention_layers=m.attention.layers,
             attention_heads=m.attention.heads,
+            max_text_chars=self.max_text_chars or 0,
+            max_beam_size=MAX_BEAM_SIZE,
         )
-        return self.preprocessor.describe(info)
+        info = self.preprocessor.describe(info)
+        wire = limits.request_bytes(limits.input_bytes(info, self.max_text_chars))
+        return dataclasses.replace(info, max_request_bytes=wire)
+
+    @property
+    def max_text_chars(self) -> int | None:
+        """Text models: the longest text the preprocessor reads (every piece covers at most
+        `max_piece_chars` characters); None for other input kinds. Sizes the server's message limits."""
+        if self.manifest.input.kind != "text":
+            return None
+        return self.manifest.limits.max_source_tokens * self.tokenizer.max_piece_chars
 
     def prepare(self, request: GenerationRequest) -> PreparedRequest:
         """Validates the request's options, then has the preprocessor decode and validate its input.
@@ -114,6 +126,8 @@ class ModelEngine:
         if not 1 <= beam_size <= MAX_BEAM_SIZE:
             raise ValueError(f"beam_size {beam_size} is out of range: use 1 (greedy) to {MAX_BEAM_SIZE}")
         layer = self._attention_layer(request) if request.attention.enabled else None
+        if request.text:
+            check_text(request.text)
         timestamp_layer = self.manifest.attention.default_layer % self.manifest.attention.layers
         timestamp_layer = timestamp_layer if self.preprocessor.times_words else None
         # Last: decoding the input is the costly check (tokenizing, WAV decoding, features).
@@ -403,17 +417,27 @@ def load_engines(
     repository_path: str | pathlib.Path,
     runtime_options: RuntimeOptions = RuntimeOptions(),
     batching_options: BatchingOptions = BatchingOptions(),
+    broken: dict[str, str] | None = None,
 ) -> EngineRegistry:
     """Loads the newest version of every model in a repository.
 
+    Args:
+        broken: None = one broken model fails them all; a dict = broken models are skipped and recorded
+            here (name -> the reason, naming the file).
+
     Raises:
-        ValueError: the repository or a model in it is broken (the message names the file); engines
-            already started are closed first.
+        ValueError: the repository or (without `broken`) a model in it is broken (the message names the
+            file); engines already started are closed first.
     """
     engines: dict[str, ModelEngine] = {}
     try:
-        for name, model in find_models(repository_path).items():
-            engines[name] = load_engine(model, runtime_options, batching_options)
+        for name, model in find_models(repository_path, broken).items():
+            try:
+                engines[name] = load_engine(model, runtime_options, batching_options)
+            except ValueError as exc:
+                if broken is None:
+                    raise
+                broken[name] = str(exc)
     except BaseException:
         EngineRegistry(engines).close()
         raise

@@ -8,13 +8,16 @@ the same code whichever RPC raised it. Only unexpected failures (INTERNAL) log a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import grpc
 
-from attnserve.server import generation
+from attnserve.server import generation, logging_setup
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,10 @@ STATUS_BY_TYPE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 )
 
 
+class InternalError(RuntimeError):
+    """A request failed after it passed validation: the server's fault, whatever the original error's type."""
+
+
 def status_code(exc: BaseException) -> grpc.StatusCode:
     """Returns the status code an exception is reported with."""
     for exc_type, code in STATUS_BY_TYPE:
@@ -39,11 +46,36 @@ def status_code(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+class Admission(Protocol):
+    """Checks a request's raw bytes before parsing, and holds its size while it is handled."""
+
+    def check(self, method: str, data: bytes) -> None:
+        """Raises (e.g. InputTooLargeError) to refuse the serialized request of `method` unparsed."""
+
+    def hold(self, method: str, size: int) -> contextlib.AbstractContextManager:
+        """Counts a request of `size` bytes while its handler runs; raises to refuse it."""
+
+
+class _AdmitAll:
+    def check(self, method: str, data: bytes) -> None:
+        pass
+
+    def hold(self, method: str, size: int) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Wraps every unary-response and server-streaming handler so that exceptions become statuses.
 
+    Args:
+        admission: checks each request before it is parsed and while it is handled (server/limits.py);
+            None = every request is admitted.
+
     Client-streaming and bidirectional handlers (server reflection) pass through unchanged.
     """
+
+    def __init__(self, admission: Admission | None = None):
+        self._admission = admission or _AdmitAll()
 
     async def intercept_service(
         self,
@@ -55,79 +87,93 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return None
         method = handler_call_details.method
         wire = {
-            "request_deserializer": _tolerant(handler.request_deserializer),
+            "request_deserializer": self._tolerant(handler.request_deserializer, method),
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(_guard_call(handler.unary_unary, method), **wire)
+            return grpc.unary_unary_rpc_method_handler(self._guard_call(handler.unary_unary, method), **wire)
         if handler.unary_stream is not None:
             behavior = handler.unary_stream
             # Async-generator handlers yield their messages; coroutine handlers write them with
             # context.write (the health servicer's Watch). The wrapper must keep the same shape.
-            guard = _guard_generator if inspect.isasyncgenfunction(behavior) else _guard_call
+            guard = self._guard_generator if inspect.isasyncgenfunction(behavior) else self._guard_call
             return grpc.unary_stream_rpc_method_handler(guard(behavior, method), **wire)
         return handler
 
+    def _tolerant(self, deserializer: Callable | None, method: str) -> Callable | None:
+        """Wraps a request deserializer so that refused or corrupt bytes become a `_Refused`, not an exception.
 
-class _Undecodable:
-    """Stands in for a request whose bytes do not parse, so that its handler's guard reports it."""
+        gRPC would answer an exception raised while parsing with UNKNOWN and log a traceback; a client that
+        sends bytes which are not the request message (bad UTF-8 in a string, a truncated message) made a
+        bad request, which the guards report as INVALID_ARGUMENT. Admission checks the raw bytes first, so
+        an oversized request is refused before protobuf copies it.
+        """
+        if deserializer is None:
+            return None
+        admission = self._admission
 
-    def __init__(self, error: Exception):
-        self.error = error
+        def deserialize(data: bytes):
+            try:
+                admission.check(method, data)
+            except Exception as exc:
+                return _Refused(exc)
+            try:
+                return _Received(deserializer(data), len(data))
+            except Exception as exc:  # protobuf's DecodeError
+                return _Refused(ValueError(f"the request cannot be parsed: {exc}"))
+
+        return deserialize
+
+    def _guard_call(self, behavior: Callable, method: str) -> Callable:
+        async def guarded(request, context: grpc.aio.ServicerContext):
+            try:
+                request, size = _unwrap(request)
+                with self._admission.hold(method, size):
+                    response = behavior(request, context)
+                    if inspect.isawaitable(response):
+                        response = await response
+                return response
+            except grpc.aio.AbortError:
+                raise  # the handler already chose a status
+            except Exception as exc:
+                await _abort(context, exc, method)
+
+        return guarded
+
+    def _guard_generator(self, behavior: Callable, method: str) -> Callable:
+        async def guarded(request, context: grpc.aio.ServicerContext):
+            try:
+                request, size = _unwrap(request)
+                with self._admission.hold(method, size):
+                    async for response in behavior(request, context):
+                        yield response
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await _abort(context, exc, method)
+
+        return guarded
 
 
-def _tolerant(deserializer: Callable | None) -> Callable | None:
-    """Wraps a request deserializer so that corrupt bytes become an `_Undecodable`, not an exception.
+@dataclasses.dataclass(frozen=True)
+class _Received:
+    """A parsed request and the size of its serialized bytes."""
 
-    gRPC would answer an exception raised while parsing with UNKNOWN and log a traceback; a client that
-    sends bytes which are not the request message (bad UTF-8 in a string, a truncated message) made a bad
-    request, which the guards report as INVALID_ARGUMENT.
-    """
-    if deserializer is None:
-        return None
-
-    def deserialize(data: bytes):
-        try:
-            return deserializer(data)
-        except Exception as exc:  # protobuf's DecodeError
-            return _Undecodable(exc)
-
-    return deserialize
+    message: object
+    size: int
 
 
-def _check_decoded(request) -> None:
-    if isinstance(request, _Undecodable):
-        raise ValueError(f"the request cannot be parsed: {request.error}")
+@dataclasses.dataclass(frozen=True)
+class _Refused:
+    """Stands in for a request that was refused or does not parse, so that its handler's guard reports it."""
+
+    error: Exception
 
 
-def _guard_call(behavior: Callable, method: str) -> Callable:
-    async def guarded(request, context: grpc.aio.ServicerContext):
-        try:
-            _check_decoded(request)
-            response = behavior(request, context)
-            if inspect.isawaitable(response):
-                response = await response
-            return response
-        except grpc.aio.AbortError:
-            raise  # the handler already chose a status
-        except Exception as exc:
-            await _abort(context, exc, method)
-
-    return guarded
-
-
-def _guard_generator(behavior: Callable, method: str) -> Callable:
-    async def guarded(request, context: grpc.aio.ServicerContext):
-        try:
-            _check_decoded(request)
-            async for response in behavior(request, context):
-                yield response
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await _abort(context, exc, method)
-
-    return guarded
+def _unwrap(request) -> tuple[object, int]:
+    if isinstance(request, _Refused):
+        raise request.error
+    return request.message, request.size
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str) -> None:
@@ -135,6 +181,6 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str)
     code = status_code(exc)
     if code == grpc.StatusCode.INTERNAL:
         logger.error("%s failed", method, exc_info=exc)
-    else:
-        logger.info("%s: %s: %s", method, code.name, exc)
+    else:  # the client's doing (or overload): rate-limited, so that a flood of bad calls cannot flood the log
+        logging_setup.rejections.log("%s: %s: %s", method, code.name, exc)
     await context.abort(code, str(exc) or type(exc).__name__)

@@ -204,6 +204,9 @@ class ModelInfo:
     input_kind: InputKind = InputKind.TEXT
     audio: AudioInputInfo | None = None  # set for audio models
     image: ImageInputInfo | None = None  # set for image models
+    max_text_chars: int = 0  # text models: the longest accepted text in characters; 0 for other kinds
+    max_beam_size: int = 0  # the largest DecodingOptions.beam_size
+    max_request_bytes: int = 0  # the largest GenerateRequest accepted; bigger ones are refused unparsed
 
 
 # Errors raised by core code. The gRPC edge maps each type to one status code (see server/errors.py):

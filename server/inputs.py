@@ -83,6 +83,8 @@ class ImageInputSpec:
     grid_cols: int
     # Largest accepted image file, in bytes.
     max_bytes: int
+    # Most pixels (width x height) an image may declare; more is refused before decoding (decompression bombs).
+    max_pixels: int = 40_000_000
 
     def encoder_inputs(self) -> dict[str, EncoderInput]:
         """Role -> what is fed: normalised pixels (B, C, H, W); every image has the same size, so no mask."""
@@ -152,6 +154,7 @@ def _image_input(r: FieldReader) -> ImageInputSpec:
         grid_rows=grid.integer("rows", 1),
         grid_cols=grid.integer("cols", 1),
         max_bytes=r.integer("max_bytes", 1),
+        max_pixels=r.integer("max_pixels", 1, default=ImageInputSpec.max_pixels),
     )
     if spec.grid_rows > spec.height or spec.grid_cols > spec.width:
         grid.fail(f"{spec.grid_rows} x {spec.grid_cols} cells do not fit a {spec.height} x {spec.width} image")

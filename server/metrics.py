@@ -1,21 +1,41 @@
-"""Every Prometheus instrument of the server, and the one function that records a finished request.
+"""Every Prometheus instrument of the server, and the functions the service layer records them with.
 
-Core code only returns plain `generation.Timings`; the service layer hands them to `observe_result`.
-Names follow `attnserve_<what>_<unit>` in base units with few labels (`model`, `code`).
+Core code only returns plain `generation.Timings`; the service layer hands them to `observe_result`, counts
+each finished request with `count_request`, and has `track_request` follow each submitted request's future
+so that the load gauges (queued, running, rows) are read from live futures when Prometheus scrapes.
+Names follow `attnserve_<what>_<unit>` in base units with few labels (`model`, `code`, `reason`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+from collections.abc import Iterable
+
 import prometheus_client
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from attnserve.server import generation
 
 # Latency buckets span a cached short sentence (milliseconds) to a 256-token beam search on CPU.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-# Queueing is short unless the server is overloaded; the upper buckets show that it is.
-_QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Queueing is short unless the server is overloaded; then waits of 10-20 s were seen, so the buckets reach
+# a minute (a client deadline usually ends the wait before that).
+_QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+# One encoder call or one decoder step of a batch: sub-millisecond for the tiny models, ~100 ms for a wide
+# batch of long sources on CPU.
+_MODEL_CALL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _PER_TOKEN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+# Status codes that mean the server refused a request it could not or would not run, by reason.
+REJECTION_REASONS = {
+    "RESOURCE_EXHAUSTED": "queue_full",
+    "OUT_OF_RANGE": "too_large",
+    "INVALID_ARGUMENT": "invalid",
+    "UNAUTHENTICATED": "unauthenticated",
+}
 
 REQUEST_DURATION = prometheus_client.Histogram(
     "attnserve_request_duration_seconds",
@@ -41,6 +61,18 @@ TIME_PER_OUTPUT_TOKEN = prometheus_client.Histogram(
     ["model"],
     buckets=_PER_TOKEN_BUCKETS,
 )
+ENCODE_DURATION = prometheus_client.Histogram(
+    "attnserve_encode_duration_seconds",
+    "Encoder call of the batch a generation request ran in.",
+    ["model"],
+    buckets=_MODEL_CALL_BUCKETS,
+)
+DECODE_STEP_DURATION = prometheus_client.Histogram(
+    "attnserve_decode_step_duration_seconds",
+    "Decode time of a generation request divided by its decoder steps (output tokens, plus one for EOS).",
+    ["model"],
+    buckets=_MODEL_CALL_BUCKETS,
+)
 BATCH_SIZE = prometheus_client.Histogram(
     "attnserve_batch_size",
     "Requests that shared a request's encoder call.",
@@ -52,22 +84,135 @@ REQUESTS = prometheus_client.Counter(
     "Generation requests finished, by model and gRPC status code.",
     ["model", "code"],
 )
+REJECTED_REQUESTS = prometheus_client.Counter(
+    "attnserve_rejected_requests_total",
+    "Generation requests refused without a result: queue_full, too_large, invalid, unauthenticated.",
+    ["model", "reason"],
+)
+INPUT_TOKENS = prometheus_client.Counter(
+    "attnserve_input_tokens_total",
+    "Source tokens of answered requests (attention columns for audio and images).",
+    ["model"],
+)
+OUTPUT_TOKENS = prometheus_client.Counter(
+    "attnserve_output_tokens_total",
+    "Generated tokens of answered requests (EOS excluded).",
+    ["model"],
+)
+MODEL_INFO = prometheus_client.Gauge(
+    "attnserve_model_info",
+    "1 for each served model: its version and the ONNX Runtime execution provider it runs on.",
+    ["model", "version", "provider"],
+)
 
 
 def observe_result(result: generation.GenerationResult) -> None:
-    """Records the timings of one successful generation request."""
+    """Records the timings and token counts of one successful generation request."""
     model, timings = result.model, result.timings
     REQUEST_DURATION.labels(model).observe(timings.total_seconds)
     QUEUE_DURATION.labels(model).observe(timings.queue_seconds)
     TIME_TO_FIRST_TOKEN.labels(model).observe(timings.first_token_seconds)
+    ENCODE_DURATION.labels(model).observe(timings.encode_seconds)
+    steps = len(result.tokens) + (result.finish_reason is generation.FinishReason.EOS)
+    if steps:
+        DECODE_STEP_DURATION.labels(model).observe(timings.decode_seconds / steps)
     if result.tokens:
         TIME_PER_OUTPUT_TOKEN.labels(model).observe(timings.decode_seconds / len(result.tokens))
     BATCH_SIZE.labels(model).observe(timings.batch_size)
+    INPUT_TOKENS.labels(model).inc(len(result.source_tokens))
+    OUTPUT_TOKENS.labels(model).inc(len(result.tokens))
 
 
 def count_request(model: str, code: str) -> None:
-    """Counts one finished generation request; `model` must be a served model's name (bounded labels)."""
+    """Counts one finished generation request, and a refused one under its reason too.
+
+    `model` must be a served model's name or "" (bounded labels); `code` a grpc.StatusCode name.
+    """
     REQUESTS.labels(model, code).inc()
+    reason = REJECTION_REASONS.get(code)
+    if reason is not None:
+        REJECTED_REQUESTS.labels(model, reason).inc()
+
+
+def describe_models(engines: Iterable) -> None:
+    """Publishes `attnserve_model_info` for each served engine (see service.Engine), and its load gauges at 0."""
+    for engine in engines:
+        # The Engine protocol has no provider: a ModelEngine's runtime knows it; test doubles have none.
+        providers = getattr(getattr(engine, "runtime", None), "providers", None) or [""]
+        info, provider = engine.info, providers[0]
+        MODEL_INFO.labels(info.name, str(info.version), provider).set(1)
+        _LOAD.add_models([info.name])
+
+
+class _LoadCollector(Collector):
+    """Requests between submission and result, read from their futures at scrape time.
+
+    A future that is neither running nor done waits in its model's queue; the batcher marks it running
+    when it joins a batch. Counting live futures, rather than moving gauges up and down at each
+    transition, cannot drift when a request is cancelled or fails on any path.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        # future -> (model, batch rows it takes: one per beam)
+        self._requests: dict[concurrent.futures.Future, tuple[str, int]] = {}
+        # Models served or seen: their gauges read 0 when idle instead of vanishing (a panel shows 0, not a gap).
+        self._models: set[str] = set()
+
+    def add_models(self, names: Iterable[str]) -> None:
+        with self._lock:
+            self._models.update(names)
+
+    def track(self, model: str, rows: int, future: concurrent.futures.Future) -> None:
+        with self._lock:
+            self._models.add(model)
+            self._requests[future] = (model, rows)
+        future.add_done_callback(self._forget)  # runs at once if it is already done
+
+    def _forget(self, future: concurrent.futures.Future) -> None:
+        with self._lock:
+            self._requests.pop(future, None)
+
+    def collect(self):
+        queued = GaugeMetricFamily("attnserve_queue_depth", "Requests waiting for a batch.", labels=["model"])
+        running = GaugeMetricFamily(
+            "attnserve_running_requests", "Requests in a running batch (being encoded or decoded).", labels=["model"]
+        )
+        rows = GaugeMetricFamily(
+            "attnserve_running_rows", "Batch rows of the running requests (one per beam).", labels=["model"]
+        )
+        in_flight = GaugeMetricFamily(
+            "attnserve_requests_in_flight", "Requests submitted to a model and not yet finished.", labels=["model"]
+        )
+        counts: dict[str, list[int]] = {}  # model -> [queued, running, rows]
+        with self._lock:
+            tracked, models = list(self._requests.items()), set(self._models)
+        for future, (model, width) in tracked:
+            count = counts.setdefault(model, [0, 0, 0])
+            if future.running():
+                count[1] += 1
+                count[2] += width
+            elif not future.done():
+                count[0] += 1
+        for model in sorted(models):
+            q, r, w = counts.get(model, (0, 0, 0))
+            queued.add_metric([model], q)
+            running.add_metric([model], r)
+            rows.add_metric([model], w)
+            in_flight.add_metric([model], q + r)
+        return [queued, running, rows, in_flight]
+
+    def describe(self):
+        return []  # keeps the registry from calling collect() at registration
+
+
+_LOAD = _LoadCollector()
+prometheus_client.REGISTRY.register(_LOAD)
+
+
+def track_request(request: generation.GenerationRequest, future: concurrent.futures.Future) -> None:
+    """Follows a submitted request's future for the load gauges until it is done (any thread)."""
+    _LOAD.track(request.model, request.decoding.beam_size, future)
 
 
 def serve_http(port: int, address: str = "0.0.0.0") -> None:

@@ -42,22 +42,32 @@ class ModelVersion:
         return self.path / self.manifest.tokenizer.file
 
 
-def find_models(repository: str | pathlib.Path) -> dict[str, ModelVersion]:
+def find_models(repository: str | pathlib.Path, broken: dict[str, str] | None = None) -> dict[str, ModelVersion]:
     """Finds every model folder in a repository and loads its highest version's manifest.
+
+    Args:
+        broken: None = a broken model fails the whole repository; a dict = it is skipped and recorded
+            here (model folder name -> the reason), so that the healthy models can still be served.
 
     Returns:
         Model name -> its newest version, in name order.
 
     Raises:
-        ValueError: the repository is missing or empty, or a model's newest version is broken.
+        ValueError: the repository is missing or empty, or (without `broken`) a model's newest version is
+            broken.
     """
     repository = pathlib.Path(repository)
     if not repository.is_dir():
         raise ValueError(f"{repository}: model repository folder does not exist")
     models = {}
     for folder in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        models[folder.name] = load_model_version(newest_version(folder))
-    if not models:
+        try:
+            models[folder.name] = load_model_version(newest_version(folder))
+        except ValueError as exc:
+            if broken is None:
+                raise
+            broken[folder.name] = str(exc)
+    if not models and not broken:
         raise ValueError(f"{repository}: no model folders in the model repository")
     return models
 

@@ -13,14 +13,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Protocol
 
 import grpc
 
-from attnserve.server import convert, errors, generation, metrics
+from attnserve.server import convert, errors, generation, lifecycle, logging_setup, metrics
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 
@@ -47,14 +49,29 @@ class Engine(Protocol):
 class AttnServeServicer(pb_grpc.AttnServeServicer):
     """Serves every model of `engines` (model name -> engine) under one service."""
 
-    def __init__(self, engines: Mapping[str, Engine]):
+    def __init__(
+        self,
+        engines: Mapping[str, Engine],
+        drain: lifecycle.Drain | None = None,
+        broken: Mapping[str, str] | None = None,
+    ):
+        """
+        Args:
+            engines: model name -> its engine.
+            drain: counts generation requests in progress and refuses new ones while the server stops.
+            broken: model name -> why it failed to load (served with --skip-broken-models); calls naming
+                one are UNAVAILABLE with the reason.
+        """
         self._engines = engines
+        self._drain = drain or lifecycle.Drain()
+        self._broken = dict(broken or {})
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        with self._counted(request.model):
+        with self._drain.track(), self._counted(request, "Generate", context) as access:
             engine, gen_request = self._prepare(request)
             async with _submitted(engine, gen_request) as future:
                 result = await _result(future, _deadline(context))
+            access.tokens = len(result.tokens)
         metrics.observe_result(result)
         return convert.result_to_proto(result)
 
@@ -62,7 +79,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
         deadline = _deadline(context)
-        with self._counted(request.model):
+        with self._drain.track(), self._counted(request, "GenerateStream", context) as access:
             engine, gen_request = self._prepare(request)
             stream = _TokenStream(asyncio.get_running_loop())
             async with _submitted(engine, gen_request, stream.on_token) as future:
@@ -71,6 +88,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
                 async for event in stream.events(deadline):
                     yield convert.token_event_to_proto(event)
                 result = await _result(future, deadline)
+            access.tokens = len(result.tokens)
         metrics.observe_result(result)
         yield convert.final_to_proto(result)
 
@@ -85,6 +103,8 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
 
     def _engine(self, name: str) -> Engine:
         engine = self._engines.get(name)
+        if engine is None and name in self._broken:
+            raise generation.UnavailableError(f"model {name!r} is not served: {self._broken[name]}")
         if engine is None:
             raise ValueError(f"unknown model {name!r}; available: {', '.join(sorted(self._engines)) or 'none'}")
         return engine
@@ -115,11 +135,16 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         return engine, convert.request_from_proto(request)
 
     @contextlib.contextmanager
-    def _counted(self, model: str) -> Iterator[None]:
-        """Counts the request under its final status code; unknown model names share one label."""
+    def _counted(
+        self, request: pb.GenerateRequest, method: str, context: grpc.aio.ServicerContext
+    ) -> Iterator[_Access]:
+        """Counts the request under its final status code (unknown model names share one label) and writes
+        its access line."""
         code = grpc.StatusCode.OK
+        model = request.model
+        access = _Access(started=time.perf_counter())
         try:
-            yield
+            yield access
         except GeneratorExit:  # the client went away in the middle of a stream
             code = grpc.StatusCode.CANCELLED
             raise
@@ -127,7 +152,19 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
             code = errors.status_code(exc)
             raise
         finally:
+            if code == grpc.StatusCode.CANCELLED and _deadline_passed(context):
+                code = grpc.StatusCode.DEADLINE_EXCEEDED  # gRPC cancels the handler when the deadline passes
             metrics.count_request(model if model in self._engines else "", code.name)
+            seconds = time.perf_counter() - access.started
+            logging_setup.log_access(method, model, code.name, access.tokens, seconds, request.request_id)
+
+
+@dataclasses.dataclass
+class _Access:
+    """What a request's access line reports beside its status."""
+
+    started: float  # perf_counter() when the handler began
+    tokens: int = 0  # output tokens of a successful request
 
 
 @contextlib.asynccontextmanager
@@ -149,6 +186,7 @@ async def _submitted(
     submitting = asyncio.ensure_future(asyncio.to_thread(engine.submit, request, on_token))
     try:
         future = await asyncio.shield(submitting)
+        metrics.track_request(request, future)
     except asyncio.CancelledError:
         submitting.add_done_callback(functools.partial(_cancel_submitted, engine))
         raise
@@ -201,6 +239,16 @@ class _TokenStream:
             yield item
 
 
+def _deadline_passed(context: grpc.aio.ServicerContext) -> bool:
+    # The client's clock runs out first and it cancels the call, while the server's copy of the deadline
+    # (set when the call arrived) still has transit time left: allow for that.
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= _DEADLINE_SLACK_SECONDS
+
+
+_DEADLINE_SLACK_SECONDS = 0.1
+
+
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:
     """The RPC's deadline in event-loop time, or None without one."""
     remaining = context.time_remaining()
@@ -215,16 +263,27 @@ async def _result(
     Raises:
         TimeoutError: the deadline passed first.
         generation.UnavailableError: the engine cancelled the request itself, e.g. while closing.
+        errors.InternalError: the engine failed the request in any other way (after it passed validation).
     """
     timeout = asyncio.timeout_at(deadline)
     try:
         async with timeout:
             return await asyncio.wrap_future(future)
-    except TimeoutError:
+    except TimeoutError as exc:
         if timeout.expired():  # ours, not a TimeoutError the engine raised
             raise TimeoutError("deadline exceeded while waiting for the model") from None
-        raise
+        raise errors.InternalError(f"the model failed: {exc!r}") from exc
     except asyncio.CancelledError:
         if future.cancelled() and asyncio.current_task().cancelling() == 0:
             raise generation.UnavailableError("the model dropped the request (is it shutting down?)") from None
         raise
+    except _PASSED_THROUGH:
+        raise
+    except Exception as exc:
+        # The request passed validation before it was queued: whatever fails now is the server's fault,
+        # even a ValueError (a shape error deep in numpy), and must not read as the client's.
+        raise errors.InternalError(f"the model failed: {exc!r}") from exc
+
+
+# What an engine's future may end with that is not a server fault: it is closing, or it shed load.
+_PASSED_THROUGH = (generation.UnavailableError, generation.OverloadedError)

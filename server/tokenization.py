@@ -6,6 +6,7 @@ import dataclasses
 import os
 import pathlib
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 
 import tokenizers
@@ -118,6 +119,32 @@ class Tokenizer:
         ends = starts[1:] + [len(pieces)]
         labels = tuple(_label(pieces[a:b]) for a, b in zip(starts, ends))
         return Words(tuple(starts), labels)
+
+
+# Characters that carry no text: controls (NUL, ...), format characters (zero-width spaces and joiners, the
+# BOM, direction marks), separators and unassigned code points.
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp", "Cn"})
+
+
+def check_text(text: str) -> None:
+    """Refuses text a tokenizer would turn into junk.
+
+    Raises:
+        ValueError: the text holds an unpaired surrogate (not Unicode text), or no visible character at
+            all (only whitespace, zero-width characters, a BOM, NULs or other controls).
+    """
+    visible = False
+    for ch in text:
+        category = unicodedata.category(ch)
+        if category == "Cs":
+            raise ValueError(f"text holds an unpaired surrogate (U+{ord(ch):04X}); send valid Unicode text")
+        if category not in _INVISIBLE_CATEGORIES:
+            visible = True
+            break
+    if not visible:
+        raise ValueError("text is empty or invisible: only whitespace, zero-width characters, a BOM or NULs")
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in text):  # after the first visible character, if any
+        raise ValueError("text holds an unpaired surrogate; send valid Unicode text")
 
 
 def _label(pieces: Sequence[str]) -> str:

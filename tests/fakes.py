@@ -23,7 +23,8 @@ class FakeEngine:
     Output token i attends only to source character n-1-i (a reversed diagonal), so every attention row is
     known in advance. Attributes a test may set (`reset` restores them):
         gate: clear it to hold the worker before it starts a request.
-        fail: an exception the worker raises instead of answering.
+        fail: an exception the worker raises instead of answering (after validation: a server fault).
+        reject: an exception `submit` raises, as validation does before anything is queued.
         drop: submit returns an already-cancelled future, as an engine that is closing would.
         pause_after_first: the worker waits after a request's first token until the request is
             cancelled, as a long decode would, then ends it with CancelledError; `paused` is set
@@ -44,11 +45,14 @@ class FakeEngine:
     def reset(self) -> None:
         self.gate.set()
         self.fail = None
+        self.reject = None
         self.drop = False
         self.pause_after_first = False
         self.paused = threading.Event()
 
     def submit(self, request, on_token=None) -> concurrent.futures.Future:
+        if self.reject is not None:
+            raise self.reject
         if request.target_language not in ("", *self.info.target_languages):
             raise ValueError(f"unknown target language {request.target_language!r}")
         self.requests.append(request)

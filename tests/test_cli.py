@@ -151,7 +151,7 @@ def test_a_closed_pipe_ends_quietly(address, command):
 
 
 def test_serve_with_a_port_out_of_range_is_an_error_not_a_traceback(tiny_model_repo):
-    with pytest.raises(SystemExit, match="^error: ServeOptions.port 70000 is out of range"):
+    with pytest.raises(SystemExit, match="^error: --port 70000 is out of range"):
         cli.main(["serve", "--models", str(tiny_model_repo), "--port", "70000"])
 
 

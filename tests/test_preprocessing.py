@@ -102,11 +102,11 @@ def test_grid_cells_are_labelled_with_their_pixel_boxes(image):
         (b"", ValueError, "image is empty"),
         (b"GIF89a" + bytes(10), ValueError, "neither a PNG nor a JPEG"),
         (b"\x89PNG\r\n\x1a\n" + bytes(200), InputTooLargeError, "image is 208 bytes; model 'caption-en' accepts"),
-        (b"\x89PNG\r\n\x1a\n" + bytes(10), NotImplementedError, "PNG decoding is not served yet"),
-        (b"\xff\xd8\xff\xe0" + bytes(10), NotImplementedError, "JPEG decoding is not served yet"),
+        (b"\x89PNG\r\n\x1a\n" + bytes(10), ValueError, "cannot read the PNG image: the file is damaged"),
+        (b"\xff\xd8\xff\xe0" + bytes(10), ValueError, "cannot read the JPEG image: the file is damaged"),
     ],
 )
-def test_image_files_are_checked_then_decoding_is_unimplemented(image, data, error, message):
+def test_image_files_are_checked_before_they_are_decoded(image, data, error, message):
     with pytest.raises(error, match=message):
         image.prepare(GenerationRequest("caption-en", image=ImageInput(data)))
 

@@ -193,11 +193,34 @@ def test_get_unknown_model_is_invalid_argument(served):
     ],
 )
 @pytest.mark.parametrize("rpc", ["Generate", "GenerateStream"])
-def test_engine_exceptions_map_to_status_codes(served, rpc, exc, code):
+def test_validation_exceptions_map_to_status_codes(served, rpc, exc, code):
+    stub, _, engine = served
+    engine.reject = exc
+    error = status_of(getattr(stub, rpc), text_request(), timeout=WAIT)
+    assert (error.code(), error.details()) == (code, str(exc))
+
+
+@pytest.mark.parametrize(
+    "exc, code",
+    [
+        # Raised after validation, on the worker: the server's fault, whatever the type says.
+        (ValueError("shapes (2,3) and (4,) not aligned"), grpc.StatusCode.INTERNAL),
+        (generation.InputTooLargeError("audio is 31 s long"), grpc.StatusCode.INTERNAL),
+        (NotImplementedError("beam search"), grpc.StatusCode.INTERNAL),
+        (TimeoutError("too slow"), grpc.StatusCode.INTERNAL),
+        (RuntimeError("broken invariant"), grpc.StatusCode.INTERNAL),
+        (KeyError("oops"), grpc.StatusCode.INTERNAL),
+        # The engine shedding load or closing is not a fault.
+        (generation.OverloadedError("queue full"), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (generation.UnavailableError("closing"), grpc.StatusCode.UNAVAILABLE),
+    ],
+)
+@pytest.mark.parametrize("rpc", ["Generate", "GenerateStream"])
+def test_engine_exceptions_after_validation_map_to_status_codes(served, rpc, exc, code):
     stub, _, engine = served
     engine.fail = exc
     error = status_of(getattr(stub, rpc), text_request(), timeout=WAIT)
-    assert (error.code(), error.details()) == (code, str(exc))
+    assert error.code() == code and str(exc) in error.details()
 
 
 def test_internal_errors_log_one_traceback(served, caplog):
@@ -545,9 +568,11 @@ def test_a_port_in_use_is_refused():
             app.BackgroundServer({engine.info.name: engine}, port=first.server.port)
 
 
-@pytest.mark.parametrize("field,port", [("port", 70000), ("port", -1), ("metrics_port", 65536)])
-def test_ports_out_of_range_are_refused(field, port):
-    with pytest.raises(ValueError, match=f"ServeOptions.{field} {port} is out of range"):
+@pytest.mark.parametrize(
+    "field,flag,port", [("port", "--port", 70000), ("port", "--port", -1), ("metrics_port", "--metrics-port", 65536)]
+)
+def test_ports_out_of_range_are_refused_naming_the_flag(field, flag, port):
+    with pytest.raises(ValueError, match=f"{flag} {port} is out of range"):
         app.ServeOptions(**{field: port})
 
 

@@ -193,6 +193,18 @@ def test_list_and_get_model_state_the_input_kind_and_limits(served):
     assert info.max_source_tokens == 75  # 3 s: 298 frames, 75 columns
     wire = stub.GetModel(pb.GetModelRequest(name=NAME), timeout=WAIT)
     assert wire.input_kind == pb.INPUT_KIND_AUDIO and wire.audio.max_seconds == 3.0 and not wire.HasField("image")
+    # The whole request's limit leaves room for the largest audio and the other fields; no text limit.
+    assert info.max_request_bytes == wire.max_request_bytes > 400_000 and info.max_text_chars == 0
+    assert info.max_beam_size == wire.max_beam_size == 16
+
+
+def test_a_request_over_the_stated_size_is_refused_before_it_is_parsed(served):
+    client, stub, _ = served
+    limit = client.get_model(NAME).max_request_bytes
+    too_big = pb.GenerateRequest(model=NAME, audio=pb.AudioInput(data=bytes(limit)))  # not even a WAV file
+    error = status_of(lambda: stub.Generate(too_big, timeout=WAIT))
+    assert error.code() in (grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert "not a WAV file" not in error.details()  # refused by size, before the audio was read
 
 
 # ---- bad input -----------------------------------------------------------------------------------------

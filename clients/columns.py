@@ -1,0 +1,44 @@
+"""What an attention column stands for, read from its label: a piece of text, a time span, or an image cell.
+
+The server labels the columns of audio input with their time span in seconds ("0.40-0.44") and those of
+image input with their grid cell and pixel box ("r0c1:32,0,64,32": row 0, column 1, x0,y0,x1,y1); text
+columns are the source words or pieces themselves. The PNG renderer and the web gateway read them here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+
+_SPAN = re.compile(r"^(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)$")
+_CELL = re.compile(r"^r(\d+)c(\d+):(\d+),(\d+),(\d+),(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeSpan:
+    start: float  # seconds from the start of the audio
+    end: float
+
+
+@dataclasses.dataclass(frozen=True)
+class GridCell:
+    row: int  # the cell's place in the encoder's grid, counted from 0
+    col: int
+    box: tuple[int, int, int, int]  # pixels of the model's input image: x0, y0, x1, y1
+
+
+def time_spans(labels: Sequence[str]) -> list[TimeSpan] | None:
+    """Every label's time span, or None unless every label is one (then the columns are not audio)."""
+    matches = [_SPAN.match(label) for label in labels]
+    if not labels or not all(matches):
+        return None
+    return [TimeSpan(float(m[1]), float(m[2])) for m in matches]
+
+
+def grid_cells(labels: Sequence[str]) -> list[GridCell] | None:
+    """Every label's grid cell, or None unless every label is one (then the columns are not an image)."""
+    matches = [_CELL.match(label) for label in labels]
+    if not labels or not all(matches):
+        return None
+    return [GridCell(int(m[1]), int(m[2]), (int(m[3]), int(m[4]), int(m[5]), int(m[6]))) for m in matches]

@@ -1,0 +1,1 @@
+"""The browser demo: an HTTP gateway to the gRPC API and the page it serves (`attnserve web`)."""

@@ -1,0 +1,123 @@
+// The demo page: pick a model, give it text, audio or an image, show the answer with its attention.
+import { show } from "./attention.js";
+import { blobToWav } from "./wav.js";
+
+const $ = (id) => document.getElementById(id);
+const INPUTS = { text: "text-input", audio: "audio-input", image: "image-input" };
+let models = [];
+let recorder = null;
+
+async function api(path, options) {
+  let response;
+  try {
+    response = await fetch(path, options);
+  } catch {
+    throw new Error("cannot reach the gateway: is `attnserve web` still running?");
+  }
+  const body = await response.json().catch(() => null);
+  if (!response.ok) {
+    const error = body && body.error;
+    throw new Error(error ? `${error.code}: ${error.message}` : `the gateway answered ${response.status}`);
+  }
+  return body;
+}
+
+function report(error) {
+  $("error").textContent = error.message;
+  $("error").hidden = false;
+  $("status").textContent = "";
+}
+
+async function run(query, body, type, image) {
+  $("error").hidden = true;
+  $("status").textContent = "working…";
+  try {
+    const result = await api(`/api/generate?${new URLSearchParams(query)}`, {
+      method: "POST", body, headers: { "Content-Type": type },
+    });
+    show(result, image);
+    $("result").hidden = false;
+    $("status").textContent = `${result.model}: ${result.finish_reason}, ${result.timings.total_seconds.toFixed(2)} s`;
+  } catch (error) {
+    report(error);
+  }
+}
+
+function selected() {
+  return models.find((m) => m.name === $("model").value);
+}
+
+function chooseModel() {
+  const model = selected();
+  for (const [kind, id] of Object.entries(INPUTS)) $(id).hidden = model.input_kind !== kind;
+  $("model-description").textContent = model.description;
+  const options = model.target_languages.map((code) => new Option(code, code));
+  if (model.target_languages.length > 1) options.unshift(new Option("the other language", ""));
+  $("to").replaceChildren(...options);
+}
+
+function translate(event) {
+  event.preventDefault();
+  run({ model: $("model").value, to: $("to").value }, JSON.stringify({ text: $("text").value }), "application/json");
+}
+
+function sendAudio(blob) {
+  $("player").src = URL.createObjectURL(blob);
+  $("player").hidden = false;
+  run({ model: $("model").value }, blob, "audio/wav");
+}
+
+async function toggleRecording() {
+  if (recorder) {
+    recorder.stop();
+    return;
+  }
+  try {
+    const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+    const chunks = [];
+    recorder = new MediaRecorder(stream);
+    recorder.ondataavailable = (event) => chunks.push(event.data);
+    recorder.onstop = async () => {
+      stream.getTracks().forEach((track) => track.stop());
+      recorder = null;
+      $("record").textContent = "● Record";
+      $("record").classList.remove("recording");
+      try {
+        sendAudio(await blobToWav(new Blob(chunks, { type: chunks[0]?.type })));
+      } catch {
+        report(new Error("the recording could not be decoded by this browser"));
+      }
+    };
+    recorder.start();
+    $("record").textContent = "■ Stop";
+    $("record").classList.add("recording");
+  } catch (error) {
+    report(new Error(`cannot record: ${error.message}`));
+  }
+}
+
+function sendImage() {
+  const file = $("image-file").files[0];
+  if (!file) return;
+  const { width, height } = selected().image;
+  run({ model: $("model").value }, file, file.type || "image/png", { url: URL.createObjectURL(file), width, height });
+}
+
+async function start() {
+  try {
+    models = await api("/api/models");
+  } catch (error) {
+    report(error);
+    return;
+  }
+  $("model").replaceChildren(...models.map((m) => new Option(`${m.name} (${m.task})`, m.name)));
+  chooseModel();
+  $("model").addEventListener("change", chooseModel);
+  $("request").addEventListener("submit", translate);
+  $("record").addEventListener("click", toggleRecording);
+  $("audio-file").addEventListener("change", () => $("audio-file").files[0] && sendAudio($("audio-file").files[0]));
+  $("image-file").addEventListener("change", sendImage);
+  document.body.dataset.ready = "true";
+}
+
+start();

@@ -1,0 +1,1 @@
+"""Image captioning: composed emoji scenes, a Show-Attend-Tell captioner, its export and evaluation."""

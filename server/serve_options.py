@@ -1,0 +1,133 @@
+"""The options of `attnserve serve`: one frozen dataclass, the one home of every default, and its flags.
+
+The CLI builds its flags from the dataclass (`add_arguments`), so the defaults the help shows are the ones
+the server uses; errors name the flag a user typed, not a field name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from attnserve.server import convert, logging_setup
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeOptions:
+    models: str = "models"  # model repository folder
+    host: str = "[::]"  # interface to listen on; "[::]" = all
+    port: int = convert.DEFAULT_PORT
+    device: str = "cpu"  # "cpu" or "cuda"
+    threads: int = 1  # ONNX Runtime intra-op threads per model
+    max_batch_size: int = 16  # most requests that share one encoder/decoder call
+    batch_window_ms: float = 5.0  # how long a worker waits for more requests before running a batch
+    max_queue_size: int = 256  # requests waiting per model beyond its running batch; more are RESOURCE_EXHAUSTED
+    metrics_port: int | None = None  # serve Prometheus /metrics over HTTP; None = don't
+    # Interface of the metrics listener. Loopback by default, whatever --host says: metrics name the models
+    # and show the traffic, so exposing them is a separate, explicit choice.
+    metrics_host: str = LOOPBACK
+    grace_seconds: float = 10.0  # how long in-flight requests may finish after a shutdown signal
+    # Bytes of requests handled at once (audio and images are the big ones); more are RESOURCE_EXHAUSTED.
+    max_inflight_request_mb: float = 256.0
+    skip_broken_models: bool = False  # serve the healthy models when some fail to load (those: NOT_SERVING)
+    tls_cert: str | None = None  # PEM certificate chain; with tls_key the port speaks TLS only
+    tls_key: str | None = None  # PEM private key
+    tls_client_ca: str | None = None  # PEM CA bundle: clients must present a certificate it signed
+    auth_token_file: str | None = None  # accepted bearer tokens, one per line; None = no authentication
+    log_level: str = "info"  # debug, info, warning, error
+    log_format: str = "text"  # text or json (one object per line)
+
+    def __post_init__(self):
+        problems = list(_problems(self))
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def _problems(o: ServeOptions):
+    """Every invalid value or combination, each naming its flag."""
+    # gRPC would take a port outside 0..65535 modulo 65536 and listen somewhere unexpected.
+    for flag, port in (("--port", o.port), ("--metrics-port", o.metrics_port)):
+        if port is not None and not 0 <= port <= 65535:
+            yield f"{flag} {port} is out of range: use 1..65535, or 0 for any free port"
+    for flag, value, least in (
+        ("--threads", o.threads, 1),
+        ("--max-batch-size", o.max_batch_size, 1),
+        ("--max-queue-size", o.max_queue_size, 1),
+    ):
+        if value < least:
+            yield f"{flag} must be at least {least}, got {value}"
+    for flag, value in (("--batch-window-ms", o.batch_window_ms), ("--grace-seconds", o.grace_seconds)):
+        if value < 0:
+            yield f"{flag} must be >= 0, got {value}"
+    if o.max_inflight_request_mb <= 0:
+        yield f"--max-inflight-request-mb must be > 0, got {o.max_inflight_request_mb}"
+    if (o.tls_cert is None) != (o.tls_key is None):
+        yield "--tls-cert and --tls-key go together: give both or neither"
+    if o.tls_client_ca is not None and o.tls_cert is None:
+        yield "--tls-client-ca needs --tls-cert and --tls-key (client certificates are checked over TLS)"
+    if o.device not in ("cpu", "cuda"):
+        yield f"--device {o.device!r} is not cpu or cuda"
+    if o.log_level not in logging_setup.LEVELS:
+        yield f"--log-level {o.log_level!r} is not one of {', '.join(logging_setup.LEVELS)}"
+    if o.log_format not in logging_setup.FORMATS:
+        yield f"--log-format {o.log_format!r} is not one of {', '.join(logging_setup.FORMATS)}"
+
+
+# Flag -> (field, argparse keywords). The help text of each flag shows the dataclass default.
+_FLAGS: dict[str, tuple[str, dict]] = {
+    "--models": ("models", dict(help="model repository folder (default: %(default)s)")),
+    "--host": ("host", dict(help="interface to listen on (default: %(default)s = all)")),
+    "--port": ("port", dict(type=int, help="gRPC port (default: %(default)s)")),
+    "--device": ("device", dict(choices=["cpu", "cuda"], help="(default: %(default)s)")),
+    "--threads": ("threads", dict(type=int, help="ONNX Runtime threads per model (default: %(default)s)")),
+    "--max-batch-size": ("max_batch_size", dict(type=int, help="(default: %(default)s)")),
+    "--batch-window-ms": ("batch_window_ms", dict(type=float, help="(default: %(default)s)")),
+    "--max-queue-size": (
+        "max_queue_size",
+        dict(type=int, help="requests waiting per model; more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+    ),
+    "--metrics-port": ("metrics_port", dict(type=int, help="serve Prometheus /metrics over HTTP on this port")),
+    "--metrics-host": (
+        "metrics_host",
+        dict(help="interface of the metrics listener (default: %(default)s, loopback; 0.0.0.0 = all)"),
+    ),
+    "--grace-seconds": (
+        "grace_seconds",
+        dict(type=float, help="time in-flight requests get after SIGTERM/SIGINT (default: %(default)s)"),
+    ),
+    "--max-inflight-request-mb": (
+        "max_inflight_request_mb",
+        dict(type=float, help="MiB of requests handled at once; more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+    ),
+    "--skip-broken-models": (
+        "skip_broken_models",
+        dict(action="store_true", help="serve the models that load; report the others NOT_SERVING"),
+    ),
+    "--tls-cert": ("tls_cert", dict(help="PEM certificate chain: serve TLS only (with --tls-key)")),
+    "--tls-key": ("tls_key", dict(help="PEM private key of --tls-cert")),
+    "--tls-client-ca": ("tls_client_ca", dict(help="PEM CA bundle: require client certificates it signed")),
+    "--auth-token-file": (
+        "auth_token_file",
+        dict(help="require 'authorization: Bearer <token>' with a token of this file (one per line)"),
+    ),
+    "--log-level": ("log_level", dict(choices=logging_setup.LEVELS, help="(default: %(default)s)")),
+    "--log-format": ("log_format", dict(choices=logging_setup.FORMATS, help="(default: %(default)s)")),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the flags of `attnserve serve`, with ServeOptions' defaults."""
+    defaults = ServeOptions()
+    for flag, (field, keywords) in _FLAGS.items():
+        parser.add_argument(flag, dest=field, default=getattr(defaults, field), **keywords)
+
+
+def from_args(args: argparse.Namespace) -> ServeOptions:
+    """The options of parsed flags.
+
+    Raises:
+        ValueError: a value or combination is invalid (the message names the flags).
+    """
+    return ServeOptions(**{field: getattr(args, field) for field, _ in _FLAGS.values()})

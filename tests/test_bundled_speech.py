@@ -1,0 +1,81 @@
+"""The bundled speech recognizer (models/speech-en) on the held-out-voice clips shipped beside it: it
+transcribes them, times their words where the synthesizer said them, and answers the same alone and
+batched."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+from attnserve.export.speech.scoring import error_rate
+from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine import load_engine
+from attnserve.server.generation import AudioInput, DecodingOptions, GenerationRequest
+from attnserve.server.repository import find_models
+from attnserve.server.runtime import RuntimeOptions
+
+pytestmark = pytest.mark.bundled
+
+REPOSITORY = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
+NAME = "speech-en"
+EXAMPLES = REPOSITORY / NAME / "examples"
+WAIT = 120
+
+
+@pytest.fixture(scope="module")
+def examples() -> list[dict]:
+    if not (EXAMPLES / "examples.json").is_file():
+        pytest.skip(f"no bundled speech model examples at {EXAMPLES}")
+    return json.loads((EXAMPLES / "examples.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def engine(examples):
+    engine = load_engine(find_models(REPOSITORY)[NAME], RuntimeOptions(), BatchingOptions(max_batch_size=8, window_seconds=0.2))
+    yield engine
+    engine.close()
+
+
+def request(example: dict, beam_size: int = 1) -> GenerationRequest:
+    wav = (EXAMPLES / example["file"]).read_bytes()
+    return GenerationRequest(NAME, audio=AudioInput(wav=wav), decoding=DecodingOptions(beam_size=beam_size))
+
+
+@pytest.fixture(scope="module")
+def alone(engine, examples):
+    return [engine.generate(request(e), WAIT) for e in examples]
+
+
+def test_held_out_voices_are_transcribed(alone, examples):
+    # The model card's held-out-voice CER is far below this bound; a broken export or feature change is not.
+    cer = error_rate([r.text for r in alone], [e["text"] for e in examples], "char")
+    assert cer < 0.3, [(r.text, e["text"]) for r, e in zip(alone, examples)]
+
+
+def test_words_are_timed_where_the_synthesizer_said_them(alone, examples):
+    errors = []
+    for result, example in zip(alone, examples):
+        assert result.words and [w.word for w in result.words] == result.text.split()
+        starts = [w.start_seconds for w in result.words]
+        assert starts == sorted(starts) and all(w.start_seconds < w.end_seconds <= example["duration"] + 0.01
+                                                for w in result.words)
+        served, reference = [w.word for w in result.words], [w for w, _, _ in example["words"]]
+        for block in difflib.SequenceMatcher(None, served, reference, autojunk=False).get_matching_blocks():
+            errors += [abs(result.words[block.a + k].start_seconds - example["words"][block.b + k][1])
+                       for k in range(block.size)]
+    assert len(errors) >= len(examples) and np.median(errors) < 0.2
+
+
+def test_a_batch_of_the_clips_equals_each_alone(engine, alone, examples):
+    futures = [engine.submit(request(e)) for e in examples]
+    batched = [f.result(WAIT) for f in futures]
+    assert max(r.timings.batch_size for r in batched) > 1
+    for a, b in zip(alone, batched):
+        assert a.text == b.text and a.words == b.words
+        np.testing.assert_allclose([t.logprob for t in a.tokens], [t.logprob for t in b.tokens], atol=1e-4)
+
