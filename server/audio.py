@@ -262,6 +262,10 @@ class AudioPreprocessor(Preprocessor):
         starts = np.arange(0, frames, r)
         return starts * shift, np.minimum(starts + r, frames) * shift
 
+    def output_budget(self, source: AudioSource) -> int | None:
+        rate = self.spec.max_tokens_per_second
+        return None if rate is None else math.ceil(rate * source.seconds) + 1
+
     def word_timings(self, source: AudioSource, attention: np.ndarray, pieces: Sequence[str], words: Words) -> list[WordTiming]:
         return word_timings(attention, pieces, words, *self.column_spans(len(source.features)))
 

@@ -18,15 +18,17 @@ from concurrent.futures import CancelledError, Future
 
 import numpy as np
 
-from attnserve.server import limits, preprocessing
+from attnserve.server import limits, preprocessing, search_options
 from attnserve.server.attention import attention_matrix, layer_mean
 from attnserve.server.batcher import Batcher, BatchingOptions, WorkItem
 from attnserve.server.decoding import Batch, Hypothesis, PreparedRequest, StepEvents, decode, make_strategy
+from attnserve.server.explanation import explain
 from attnserve.server.generation import (
     AttentionGranularity,
     GenerationRequest,
     GenerationResult,
     ModelInfo,
+    ScoredSequence,
     StreamedToken,
     Timings,
     Token,
@@ -74,6 +76,7 @@ class ModelEngine:
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.preprocessor = preprocessor or preprocessing.create(self.manifest, tokenizer)
+        self._eos = self.manifest.special_tokens.eos
         self._batcher = Batcher(self._process, batching, name=self.manifest.name)
 
     @property
@@ -109,8 +112,9 @@ class ModelEngine:
         """Validates the request's options, then has the preprocessor decode and validate its input.
 
         Raises:
-            ValueError: unknown model or target language, out-of-range max_new_tokens, beam_size or
-                attention layer; or an input that is missing, of another kind, empty or unusable.
+            ValueError: unknown model or target language, out-of-range max_new_tokens, beam_size, search
+                options (server/search_options.py) or attention layer; or an input that is missing, of
+                another kind, empty or unusable.
             InputTooLargeError: an input over a limit the model states (audio duration, bytes).
             NotImplementedError: an input kind that cannot be decoded yet (images).
         """
@@ -125,6 +129,7 @@ class ModelEngine:
         beam_size = request.decoding.beam_size
         if not 1 <= beam_size <= MAX_BEAM_SIZE:
             raise ValueError(f"beam_size {beam_size} is out of range: use 1 (greedy) to {MAX_BEAM_SIZE}")
+        search_options.check_search(request.decoding, max_new_tokens)
         layer = self._attention_layer(request) if request.attention.enabled else None
         if request.text:
             check_text(request.text)
@@ -132,6 +137,8 @@ class ModelEngine:
         timestamp_layer = timestamp_layer if self.preprocessor.times_words else None
         # Last: decoding the input is the costly check (tokenizing, WAV decoding, features).
         source = self.preprocessor.prepare(request)
+        budget = self.preprocessor.output_budget(source)
+        max_new_tokens = max_new_tokens if budget is None else min(max_new_tokens, budget)
         return PreparedRequest(
             request=request,
             source=source,
@@ -141,6 +148,10 @@ class ModelEngine:
             beam_size=beam_size,
             attention_layer=layer,
             timestamp_layer=timestamp_layer,
+            num_return_sequences=request.decoding.num_return_sequences,
+            min_new_tokens=request.decoding.min_new_tokens,
+            no_repeat_ngram_size=request.decoding.no_repeat_ngram_size,
+            sampling=search_options.with_seed(request.decoding.sampling),
         )
 
     def _max_new_tokens(self, asked: int) -> int:
@@ -298,6 +309,10 @@ class ModelEngine:
             col_words = self.preprocessor.source_words(prepared.source) if words else None
             columns = [t.piece for t in source_tokens]
             attention = attention_matrix(hyp.attention, prepared.attention_layer, pieces, columns, row_words, col_words)
+            # The source's end token (last column, at either granularity) is never an omission.
+            ends = [len(attention.col_labels) - 1] if source_tokens and source_tokens[-1].id == self._eos else []
+            explanation = explain(attention.weights, len(attention.col_labels), ends)
+            attention = dataclasses.replace(attention, explanation=explanation)
         words = []
         if prepared.timestamp_layer is not None:
             rows = layer_mean(hyp.attention, prepared.timestamp_layer)  # (R, S)
@@ -321,7 +336,19 @@ class ModelEngine:
             attention=attention,
             timings=timings,
             words=words,
+            nbest=self._nbest(prepared, hyp),
         )
+
+    def _nbest(self, prepared: PreparedRequest, hyp: Hypothesis) -> list[ScoredSequence]:
+        """The scored best sequences when the request asked for more than one; else empty."""
+        if prepared.num_return_sequences <= 1:
+            return []
+        out = []
+        for h in (hyp, *hyp.alternatives):
+            ids = h.token_ids.tolist()
+            tokens = [Token(p, i, lp) for p, i, lp in zip(self.tokenizer.pieces(ids), ids, h.logprobs.tolist())]
+            out.append(ScoredSequence(self.tokenizer.decode(ids), tokens, h.score, h.finish_reason))
+        return out
 
 
 def _piece_rows(prepared: PreparedRequest, weights: np.ndarray | None) -> list[list[float]] | None:

@@ -52,6 +52,9 @@ class AudioInputSpec:
     max_seconds: float
     # Largest accepted WAV file, in bytes (raw samples count 4 bytes each).
     max_bytes: int
+    # Optional: no output is longer than this many tokens per second of audio (plus one), so a speller
+    # caught in a loop stops near the clip's plausible length instead of at max_new_tokens.
+    max_tokens_per_second: float | None = None
 
     def encoder_inputs(self) -> dict[str, EncoderInput]:
         """Role -> what is fed: log-mel frames (B, T, n_mels), right-padded with 0, and their mask (B, T)."""
@@ -137,6 +140,7 @@ def _audio_input(r: FieldReader) -> AudioInputSpec:
         time_reduction=r.integer("time_reduction", 1),
         max_seconds=r.number("max_seconds", positive=True),
         max_bytes=r.integer("max_bytes", 1),
+        max_tokens_per_second=r.number("max_tokens_per_second", positive=True, default=None),
     )
 
 

@@ -110,6 +110,10 @@ class Preprocessor(abc.ABC):
         labels = tuple(token.piece for token in self.source_tokens(source))
         return Words(tuple(range(len(labels))), labels)
 
+    def output_budget(self, source: Source) -> int | None:
+        """The most output tokens this input can plausibly need (audio: by its duration); None = no bound."""
+        return None
+
     def word_timings(self, source: Source, attention: np.ndarray, pieces: Sequence[str], words: Words) -> list[WordTiming]:
         """Each output word's span of the input, for kinds that have time (audio); by default none.
 

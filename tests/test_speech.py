@@ -6,6 +6,7 @@ neither ever reaches a batch."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import grpc
@@ -336,3 +337,19 @@ def test_transcribe_a_file_that_is_not_audio_is_a_clear_error(served, tmp_path, 
     assert capsys.readouterr().err.startswith("error: INVALID_ARGUMENT: ")
     with pytest.raises(SystemExit, match="cannot read"):
         cli.main(["transcribe", str(tmp_path / "missing.wav"), "--address", client.address])
+
+
+def test_a_manifest_rate_limit_caps_the_output_by_the_clips_duration(repo_copy):
+    def cap(manifest):
+        manifest["input"]["max_tokens_per_second"] = 2.0
+
+    _edit(repo_copy, cap)
+    engine = load_engine(find_models(repo_copy)[NAME], RuntimeOptions(), BatchingOptions())
+    try:
+        seconds = len(read_wav(wav(0)).samples()) / read_wav(wav(0)).sample_rate_hz
+        prepared = engine.prepare(GenerationRequest(NAME, audio=AudioInput(wav=wav(0))))
+        assert prepared.max_new_tokens == min(12, math.ceil(2.0 * seconds) + 1) < 12
+        result = engine.generate(GenerationRequest(NAME, audio=AudioInput(wav=wav(0))), WAIT)
+        assert len(result.tokens) <= prepared.max_new_tokens
+    finally:
+        engine.close()

@@ -156,6 +156,8 @@ def build_manifest(model: ListenAttendSpell, name: str, version: int, max_second
             "time_reduction": cfg.time_reduction,
             "max_seconds": max_seconds,
             "max_bytes": max_bytes,
+            # No corpus clip reads faster than this: a speller caught in a loop stops near the clip's length.
+            "max_tokens_per_second": vocabulary.MAX_CHARACTERS_PER_SECOND,
         },
         "limits": {"max_new_tokens": max_new_tokens},
         "attention": {"output": "cross_attentions", "layers": 1, "heads": 1, "default_layer": -1},

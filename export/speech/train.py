@@ -158,8 +158,9 @@ def evaluate(model, split: SplitFeatures, targets, tokenizer: Tokenizer, opts: T
         batch = collate(split, targets, indices, r)
         attention, ctc, ctc_outputs = losses(model, batch, 0.0)
         attention_sum, ctc_sum, tokens = attention_sum + attention.item(), ctc_sum + ctc.item(), tokens + batch.tokens
-        longest = batch.features.shape[1] / 100  # seconds; no clip in the corpus reads over 32 characters/s
-        outputs, _ = model.greedy_decode(batch.features, batch.mask, math.ceil(32 * longest) + 8, vocabulary.suppressed_ids())
+        longest = batch.features.shape[1] / 100  # seconds
+        limit = math.ceil(vocabulary.MAX_CHARACTERS_PER_SECOND * longest) + 8
+        outputs, _ = model.greedy_decode(batch.features, batch.mask, limit, vocabulary.suppressed_ids())
         for i, ids, ctc_ids in zip(indices, outputs, ctc_greedy(*ctc_outputs)):
             hypotheses[i], ctc_hypotheses[i] = tokenizer.decode(ids), tokenizer.decode(ctc_ids)
     model.train()

@@ -22,6 +22,8 @@ PAD_ID, UNK_ID, EOS_ID, START_ID = 0, 1, 2, 3
 # The CTC branch (training only) uses <pad> as its blank: padding is never a target.
 BLANK_ID = PAD_ID
 CHARACTERS = [METASPACE if ch == " " else ch for ch in ALPHABET]
+# No corpus clip reads faster: decoding stops here, so a speller caught in a loop ends near the clip's length.
+MAX_CHARACTERS_PER_SECOND = 32
 
 
 def character_tokenizer() -> Tokenizer:
