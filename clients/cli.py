@@ -35,7 +35,7 @@ from attnserve.clients.client import (
     image_request,
     translation_request,
 )
-from attnserve.server.generation import GenerationRequest, GenerationResult, InputKind, ModelInfo
+from attnserve.server.generation import GenerationRequest, GenerationResult, InputKind, ModelInfo, SamplingOptions
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,7 +95,18 @@ def _parser() -> argparse.ArgumentParser:
         "--layer", type=int, help="decoder layer; negative counts from the last (default: the model's choice)"
     )
     translate.add_argument("--max-tokens", type=int, default=0, help="0 = the model's limit")
-    translate.add_argument("--beam-size", type=int, default=1, help="1 = greedy search (default), up to 16")
+    translate.add_argument(
+        "--beam-size", type=int, help="1 = greedy search (default; with --nbest N: N), up to 16"
+    )
+    translate.add_argument(
+        "--nbest", type=int, default=1, metavar="N", help="also print the N best translations with their scores"
+    )
+    sampling = translate.add_argument_group("sampling (with --sample)")
+    sampling.add_argument("--sample", action="store_true", help="draw each token at random instead of searching")
+    sampling.add_argument("--temperature", type=float, help="below 1 sharpens, above 1 flattens (default 1)")
+    sampling.add_argument("--top-k", type=int, help="sample among the K most likely tokens (default: all)")
+    sampling.add_argument("--top-p", type=float, help="sample among the most likely tokens up to P (default 1)")
+    sampling.add_argument("--seed", type=int, help="the same seed gives the same output (default: random)")
     translate.add_argument("--model", default=DEFAULT_MODEL, help="(default: %(default)s)")
     translate.add_argument("--json", action="store_true", help="print the whole response as JSON")
     translate.add_argument("--stream", action="store_true", help="print the output as it is decoded")
@@ -131,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
 
     caption = commands.add_parser("caption", help="caption a PNG or JPEG image, with each word's attention")
     caption.add_argument("file", help="a PNG or JPEG file; - reads stdin")
-    caption.add_argument("--attention", metavar="OUT.png",
+    caption.add_argument("--attention", type=_png_path, metavar="OUT.png",
                          help="write the image with each word's attention heatmap, one panel per word")
     caption.add_argument("--beam-size", type=int, default=1, help="1 = greedy search (default), up to 16")
     caption.add_argument("--model", help="a served image model (default: the first one the server lists)")
@@ -204,6 +215,7 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _translate(args: argparse.Namespace) -> None:
+    sampling = _sampling(args)
     with _connect(args) as client:
         to = args.to if args.to is not None else languages.default_target(client.get_model(args.model), args.text)
         request = translation_request(
@@ -213,8 +225,10 @@ def _translate(args: argparse.Namespace) -> None:
             granularity=args.granularity,
             layer=args.layer,
             max_new_tokens=args.max_tokens,
-            beam_size=args.beam_size,
+            beam_size=args.beam_size or (1 if args.sample else args.nbest),
             model=args.model,
+            num_return_sequences=args.nbest,
+            sampling=sampling,
         )
         result = _print_stream(client, request) if args.stream else client.generate(request)
     if args.attention:
@@ -226,6 +240,8 @@ def _translate(args: argparse.Namespace) -> None:
         return
     if not args.stream:
         print(result.text)
+    for rank, sequence in enumerate(result.nbest, 1):
+        print(f"{rank:>2}. {sequence.score:8.4f}  {sequence.text}")
     if args.attention:
         print(f"attention: {args.attention}")
     elif result.attention is not None:
@@ -233,11 +249,24 @@ def _translate(args: argparse.Namespace) -> None:
         print(heatmap.render(result.attention))
 
 
+def _sampling(args: argparse.Namespace) -> SamplingOptions | None:
+    """The sampling options of `translate --sample ...`; None without --sample.
+
+    Raises:
+        SystemExit: a sampling option given without --sample.
+    """
+    given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not args.sample:
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise SystemExit(f"error: {flags} only apply with --sample")
+        return None
+    return SamplingOptions(**given)
+
+
 def _transcribe(args: argparse.Namespace) -> None:
-    try:
-        data = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()
-    except OSError as exc:
-        raise SystemExit(f"error: cannot read {args.file}: {exc.strerror}") from None
+    data = _read_input(args.file)
     with _connect(args) as client:
         model = args.model or _first_audio_model(client)
         request = audio_request(data, model=model, attention=args.attention is not None, granularity="words",

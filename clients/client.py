@@ -39,6 +39,7 @@ from attnserve.server.generation import (
     GenerationResult,
     ImageInput,
     ModelInfo,
+    SamplingOptions,
     StreamedToken,
 )
 from attnserve.v1 import attnserve_pb2 as pb
@@ -70,6 +71,8 @@ def translation_request(
     model: str = DEFAULT_MODEL,
     beam_size: int = 1,
     request_id: str = "",
+    num_return_sequences: int = 1,
+    sampling: SamplingOptions | None = None,
 ) -> GenerationRequest:
     """Builds the request `translate` sends; pass it to `stream` to watch the tokens arrive.
 
@@ -83,6 +86,8 @@ def translation_request(
         model: served model name.
         beam_size: 1 = greedy search.
         request_id: echoed in server logs.
+        num_return_sequences: > 1 = also list that many best sequences with their scores (<= beam_size).
+        sampling: sample instead of searching (beam_size 1); None = search.
 
     Raises:
         ValueError: unknown granularity.
@@ -91,7 +96,12 @@ def translation_request(
         model=model,
         text=text,
         target_language=to,
-        decoding=DecodingOptions(max_new_tokens=max_new_tokens, beam_size=beam_size),
+        decoding=DecodingOptions(
+            max_new_tokens=max_new_tokens,
+            beam_size=beam_size,
+            num_return_sequences=num_return_sequences,
+            sampling=sampling,
+        ),
         attention=AttentionOptions(enabled=attention, layer=layer, granularity=AttentionGranularity(granularity)),
         request_id=request_id,
     )

@@ -102,7 +102,7 @@ async def start(
         )
     admission = limits.RequestAdmission(message_limits, limits.InflightBytes(inflight), _GENERATION_METHODS)
     # The token check comes first, so that an unauthenticated call is refused before anything is parsed.
-    interceptors = [security.TokenInterceptor(tokens)] if tokens else []
+    interceptors = [security.TokenInterceptor(tokens, _GENERATION_METHODS)] if tokens else []
     server = grpc.aio.server(
         interceptors=[*interceptors, errors.ErrorInterceptor(admission)],
         options=[

@@ -54,11 +54,7 @@ def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
         audio=_audio_from_proto(msg.audio) if kind == "audio" else None,
         image=gen.ImageInput(msg.image.data) if kind == "image" else None,
         target_language=msg.target_language,
-        decoding=gen.DecodingOptions(
-            max_new_tokens=msg.decoding.max_new_tokens,
-            # proto3 cannot tell 0 from unset; 0 beams means the default, greedy search.
-            beam_size=msg.decoding.beam_size or 1,
-        ),
+        decoding=_decoding_from_proto(msg.decoding),
         attention=gen.AttentionOptions(
             enabled=options.mode == pb.ATTENTION_MODE_AGGREGATED,
             layer=options.layer if options.HasField("layer") else None,
@@ -89,15 +85,48 @@ def request_to_proto(request: gen.GenerationRequest, source_language: str | None
         model=request.model,
         **inputs,
         target_language=request.target_language,
-        decoding=pb.DecodingOptions(
-            max_new_tokens=request.decoding.max_new_tokens, beam_size=request.decoding.beam_size
-        ),
+        decoding=_decoding_to_proto(request.decoding),
         attention=pb.AttentionOptions(
             mode=pb.ATTENTION_MODE_AGGREGATED if attention.enabled else pb.ATTENTION_MODE_NONE,
             layer=attention.layer,
             granularity=_GRANULARITIES[attention.granularity],
         ),
         request_id=request.request_id,
+    )
+
+
+def _decoding_from_proto(msg: pb.DecodingOptions) -> gen.DecodingOptions:
+    sampling = None
+    if msg.HasField("sampling"):
+        wire = msg.sampling
+        sampling = gen.SamplingOptions(
+            temperature=wire.temperature if wire.HasField("temperature") else 1.0,
+            top_k=wire.top_k,
+            top_p=wire.top_p if wire.HasField("top_p") else 1.0,
+            seed=wire.seed if wire.HasField("seed") else None,
+        )
+    return gen.DecodingOptions(
+        max_new_tokens=msg.max_new_tokens,
+        # proto3 cannot tell 0 from unset; 0 beams (or sequences) means the default, 1.
+        beam_size=msg.beam_size or 1,
+        num_return_sequences=msg.num_return_sequences or 1,
+        min_new_tokens=msg.min_new_tokens,
+        no_repeat_ngram_size=msg.no_repeat_ngram_size,
+        sampling=sampling,
+    )
+
+
+def _decoding_to_proto(options: gen.DecodingOptions) -> pb.DecodingOptions:
+    sampling = None
+    if options.sampling is not None:
+        sampling = pb.SamplingOptions(**dataclasses.asdict(options.sampling))  # None fields stay unset
+    return pb.DecodingOptions(
+        max_new_tokens=options.max_new_tokens,
+        beam_size=options.beam_size,
+        num_return_sequences=options.num_return_sequences,
+        min_new_tokens=options.min_new_tokens,
+        no_repeat_ngram_size=options.no_repeat_ngram_size,
+        sampling=sampling,
     )
 
 
@@ -136,6 +165,7 @@ def result_to_proto(result: gen.GenerationResult) -> pb.GenerateResponse:
         attention=None if result.attention is None else attention_to_proto(result.attention),
         timings=pb.Timings(**dataclasses.asdict(timings)),  # the message mirrors the dataclass field by field
         words=[pb.WordTiming(**dataclasses.asdict(w)) for w in result.words],
+        nbest=[_scored_to_proto(s) for s in result.nbest],
     )
 
 
@@ -159,7 +189,24 @@ def result_from_proto(msg: pb.GenerateResponse) -> gen.GenerationResult:
         attention=attention_from_proto(msg.attention) if msg.HasField("attention") else None,
         timings=gen.Timings(**{f.name: getattr(timings, f.name) for f in dataclasses.fields(gen.Timings)}),
         words=[gen.WordTiming(w.word, w.start_seconds, w.end_seconds) for w in msg.words],
+        nbest=[_scored_from_proto(s) for s in msg.nbest],
     )
+
+
+def _scored_to_proto(sequence: gen.ScoredSequence) -> pb.ScoredSequence:
+    return pb.ScoredSequence(
+        text=sequence.text,
+        tokens=[token_to_proto(t) for t in sequence.tokens],
+        score=sequence.score,
+        finish_reason=_FINISH_REASONS[sequence.finish_reason],
+    )
+
+
+def _scored_from_proto(msg: pb.ScoredSequence) -> gen.ScoredSequence:
+    finish = {wire: reason for reason, wire in _FINISH_REASONS.items()}.get(msg.finish_reason)
+    if finish is None:
+        raise ValueError(f"unknown finish reason {msg.finish_reason}")
+    return gen.ScoredSequence(msg.text, [token_from_proto(t) for t in msg.tokens], msg.score, finish)
 
 
 def token_to_proto(token: gen.Token) -> pb.Token:
@@ -176,7 +223,7 @@ def attention_to_proto(matrix: gen.AttentionMatrix) -> pb.AttentionMatrix:
     Raises:
         RuntimeError: the core produced a ragged matrix or labels that do not match its shape.
     """
-    rows, cols = len(matrix.row_labels), len(matrix.col_labels)
+    rows, cols, explanation = len(matrix.row_labels), len(matrix.col_labels), matrix.explanation
     if len(matrix.weights) != rows or any(len(row) != cols for row in matrix.weights):
         raise RuntimeError(f"attention weights do not match the {rows} x {cols} labels")
     return pb.AttentionMatrix(
@@ -187,6 +234,7 @@ def attention_to_proto(matrix: gen.AttentionMatrix) -> pb.AttentionMatrix:
         col_labels=matrix.col_labels,
         layer=matrix.layer,
         reduction=matrix.reduction,
+        explanation=None if explanation is None else pb.AttentionExplanation(**dataclasses.asdict(explanation)),
     )
 
 
@@ -209,6 +257,17 @@ def attention_from_proto(msg: pb.AttentionMatrix) -> gen.AttentionMatrix:
         col_labels=list(msg.col_labels),
         layer=msg.layer,
         reduction=msg.reduction,
+        explanation=_explanation_from_proto(msg.explanation) if msg.HasField("explanation") else None,
+    )
+
+
+def _explanation_from_proto(msg: pb.AttentionExplanation) -> gen.AttentionExplanation:
+    return gen.AttentionExplanation(
+        alignment=list(msg.alignment),
+        coverage=list(msg.coverage),
+        entropy=list(msg.entropy),
+        neglected=list(msg.neglected),
+        neglect_threshold=msg.neglect_threshold,
     )
 
 

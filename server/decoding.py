@@ -7,9 +7,12 @@ axis the manifest names, appended state grows along its time axis, replaced stat
 encoder reads (text, audio, an image) is the input kind's preprocessor's business (server/preprocessing.py):
 the batch gets the encoder's feeds ready-made, with each row's number of encoder positions.
 
-A `DecodeStrategy` (greedy search, beam search) turns each step's logits into the next tokens and tells the
-batch which rows to keep: finished rows are dropped, beams are reordered. Finished requests come out of
-`decode()` at the step they finish, so a caller can answer them while the rest of the batch continues.
+A `DecodeStrategy` (greedy search, beam search, sampling in server/sampling.py) turns each step's logits
+into the next tokens and tells the batch which rows to keep: finished rows are dropped, beams are reordered.
+Before it chooses, the requests' output rules (minimum length, repetition guard: server/output_rules.py)
+take the tokens they forbid out of the logits; log-probabilities are those of the distribution that remains.
+Finished requests come out of `decode()` at the step they finish, so a caller can answer them while the rest
+of the batch continues.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from attnserve.server.generation import FinishReason, GenerationRequest
+from attnserve.server.generation import FinishReason, GenerationRequest, SamplingOptions
 from attnserve.server.manifest import Manifest, StateSpec
+from attnserve.server.output_rules import OutputRules
 from attnserve.server.preprocessing import EncoderBatch, Source
 from attnserve.server.runtime import Runtime
 
@@ -43,6 +47,14 @@ class PreparedRequest:
     attention_layer: int | None
     # Decoder layer whose attention gives word timestamps (audio input); None when there are none.
     timestamp_layer: int | None = None
+    # How many of the best sequences to return (<= beam_size).
+    num_return_sequences: int = 1
+    # EOS is forbidden before this many tokens; 0 = no minimum.
+    min_new_tokens: int = 0
+    # No n-gram of this size repeats in the output; 0 = no guard.
+    no_repeat_ngram_size: int = 0
+    # Sample each token (beam_size 1); its seed is always set here. None = greedy or beam search.
+    sampling: SamplingOptions | None = None
 
     @property
     def keeps_attention(self) -> bool:
@@ -202,6 +214,10 @@ class Hypothesis:
     finish_reason: FinishReason
     # (n, L, H, S) attention of each output token on the request's own S source tokens; None if not asked.
     attention: np.ndarray | None
+    # Summed log-probability / length in tokens (EOS included when it ended the sequence).
+    score: float = float("nan")
+    # Beam search with num_return_sequences > 1: the next best sequences, best first (no attention).
+    alternatives: tuple[Hypothesis, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,8 +244,22 @@ class Selection:
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """(B, V) -> (B, V) log-probabilities, computed stably in float32."""
     x = logits.astype(np.float32, copy=False)
+    return x - _log_normalizer(x)
+
+
+def chosen_logprobs(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """(B, V) logits, (B,) tokens -> (B,) log-probabilities of those tokens only.
+
+    The same float32 arithmetic as log_softmax's entries, without materialising the (B, V) result.
+    """
+    x = logits.astype(np.float32, copy=False)
+    return np.take_along_axis(x, tokens[:, None], axis=1)[:, 0] - _log_normalizer(x)[:, 0]
+
+
+def _log_normalizer(x: np.ndarray) -> np.ndarray:
+    """(B, V) -> (B, 1) logsumexp of each row, computed stably."""
     m = x.max(axis=-1, keepdims=True)
-    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+    return m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,6 +333,7 @@ class DecodeStrategy(abc.ABC):
         self._source_lengths = np.array([r.source.length for r in self.requests], dtype=np.int64)  # (N,)
         self._wants_attention = np.array([r.keeps_attention for r in self.requests], dtype=bool)
         self.history = History(keep_attention=bool(self._wants_attention.any()))
+        self.rules = OutputRules(self.requests, eos)
 
     def cancel(self, index: int) -> None:
         """Drops request `index` at the next step; it gets no hypothesis and streams no more tokens."""
@@ -316,8 +347,12 @@ class DecodeStrategy(abc.ABC):
     def advance(self, logits: np.ndarray, attention: np.ndarray) -> tuple[Selection, StepEvents]:
         """Consumes one step's (B, V) logits and (B, L, H, S) attention."""
 
-    def _hypotheses(self, indices, entries, reasons, step: int = -1) -> list[Hypothesis]:
-        """Rebuilds the sequences ending at `entries` of record `step` (EOS ones lose their last token)."""
+    def _hypotheses(self, indices, entries, reasons, step: int = -1, scores=None) -> list[Hypothesis]:
+        """Rebuilds the sequences ending at `entries` of record `step` (EOS ones lose their last token).
+
+        Args:
+            scores: the search's own score of each sequence; None = summed log-probability / length.
+        """
         if not len(entries):
             return []
         tokens, logprobs, chain = self.history.trace(np.asarray(entries), step)
@@ -330,7 +365,8 @@ class DecodeStrategy(abc.ABC):
             weights = None
             if attention is not None and self._wants_attention[index]:
                 weights = attention[j, :n, ..., : self._source_lengths[index]]
-            out.append(Hypothesis(int(index), tokens[j, :n], logprobs[j, :n], reason, weights))
+            score = float(logprobs[j].sum(dtype=np.float64) / tokens.shape[1]) if scores is None else scores[j]
+            out.append(Hypothesis(int(index), tokens[j, :n], logprobs[j, :n], reason, weights, float(score)))
         return out
 
 
@@ -340,13 +376,15 @@ class GreedySearch(DecodeStrategy):
     def start(self) -> Selection:
         self._row_request = np.arange(len(self.requests))  # (B,) request of each row
         self._parents = self._row_request  # (B,) entry of the previous record each row continues
+        self.rules.start(len(self.requests))
         return Selection(self._row_request, np.array([r.start_id for r in self.requests], dtype=np.int64))
 
     def advance(self, logits: np.ndarray, attention: np.ndarray) -> tuple[Selection, StepEvents]:
-        tokens = logits.argmax(axis=-1)  # (B,)
-        logprobs = np.take_along_axis(log_softmax(logits), tokens[:, None], axis=1)[:, 0]  # (B,)
-        self.history.append(self._parents, tokens, logprobs, attention)
         req = self._row_request
+        self.rules.apply(logits, req, len(self.history))
+        tokens = self._choose(logits, req)  # (B,)
+        logprobs = chosen_logprobs(logits, tokens)  # (B,)
+        self.history.append(self._parents, tokens, logprobs, attention)
         eos = tokens == self.eos
         length = ~eos & (len(self.history) >= self._max_new[req])
         cancelled = self._cancelled[req]
@@ -358,7 +396,12 @@ class GreedySearch(DecodeStrategy):
         streamed = attention[emit] if self.history.keep_attention else None
         events = StepEvents(req[emit], tokens[emit], logprobs[emit], finished, streamed)
         self._row_request, self._parents = req[keep], keep
+        self.rules.extend(keep, tokens[keep])
         return Selection(keep, tokens[keep]), events
+
+    def _choose(self, logits: np.ndarray, row_request: np.ndarray) -> np.ndarray:
+        """(B, V) logits -> (B,) the next token of each row: the most likely one."""
+        return logits.argmax(axis=-1)
 
 
 class BeamSearch(DecodeStrategy):
@@ -381,10 +424,12 @@ class BeamSearch(DecodeStrategy):
         self._n_finished = np.zeros(n, dtype=np.int64)  # (N,) len(self._finished[i])
         self._worst = np.full(n, np.inf)  # (N,) normalised score of the worst kept finished sequence
         start = np.array([r.start_id for r in self.requests], dtype=np.int64)
+        self.rules.start(n * self.k)
         return Selection(np.repeat(np.arange(n), self.k), np.repeat(start, self.k))
 
     def advance(self, logits: np.ndarray, attention: np.ndarray) -> tuple[Selection, StepEvents]:
         k, r, step = self.k, len(self._alive), len(self.history)
+        self.rules.apply(logits, np.repeat(self._alive, k), step)
         lp = log_softmax(logits)  # (R*k, V)
         rows, tokens, scores = self._candidates(lp)  # each (R, 2k), best first
         parents, logprobs = self._parents[rows].ravel(), lp[rows, tokens].ravel()
@@ -403,6 +448,7 @@ class BeamSearch(DecodeStrategy):
         self._alive, self._scores, self._parents = self._alive[keep], scores[keep], entries
         none = np.zeros(0, dtype=np.int64)
         events = StepEvents(none, none, np.zeros(0, dtype=np.float32), finished)
+        self.rules.extend(rows.ravel()[entries], tokens.ravel()[entries])
         return Selection(rows.ravel()[entries], tokens.ravel()[entries]), events
 
     def _candidates(self, lp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -431,13 +477,22 @@ class BeamSearch(DecodeStrategy):
         return at_limit | (full & (scores[:, 0] / (step + 1) <= self._worst[self._alive]))
 
     def _best(self, i: int, entries: np.ndarray, scores: np.ndarray, step: int) -> Hypothesis:
-        """The best finished sequence of alive request i; its running beams compete at the length limit."""
+        """The best finished sequence of alive request i, with the next best as its alternatives when the
+        request asked for more than one; its running beams compete at the length limit."""
         index = int(self._alive[i])
         options = [(s, st, e, FinishReason.EOS) for s, st, e in self._finished[index]]
         if step + 1 >= self._max_new[index]:
             options += [(s / (step + 1), step, e, FinishReason.LENGTH) for s, e in zip(scores, entries)]
-        _, at, entry, reason = max(options, key=lambda o: o[0])
-        return self._hypotheses(np.array([index]), np.array([entry]), [reason], at)[0]
+        options.sort(key=lambda o: -o[0])  # stable: among equal scores the first found wins, as max() did
+        wanted = self.requests[index].num_return_sequences
+        # Sequences a rule or suppression made impossible (score -inf) are no candidates.
+        chosen = options[:1] + [o for o in options[1:] if np.isfinite(o[0])][: wanted - 1]
+        found = [
+            self._hypotheses(np.array([index]), np.array([entry]), [reason], at, [score])[0]
+            for score, at, entry, reason in chosen
+        ]
+        alternatives = tuple(dataclasses.replace(h, attention=None) for h in found[1:])
+        return dataclasses.replace(found[0], alternatives=alternatives)
 
 
 def decode(batch: Batch, strategy: DecodeStrategy) -> Iterator[StepEvents]:
@@ -456,15 +511,19 @@ def decode(batch: Batch, strategy: DecodeStrategy) -> Iterator[StepEvents]:
 
 
 def make_strategy(requests: Sequence[PreparedRequest], eos: int) -> DecodeStrategy:
-    """The strategy for requests that share one beam size.
+    """The strategy for requests that share one beam size (sampling and greedy rows share one batch).
 
     Raises:
         ValueError: the requests have different beam sizes (the caller batches them apart).
     """
+    from attnserve.server.sampling import SampledSearch  # it builds on GreedySearch, defined here
+
     sizes = {r.beam_size for r in requests}
     if len(sizes) != 1:
         raise ValueError(f"one batch needs one beam size, got {sorted(sizes)}")
     size = sizes.pop()
-    if size == 1:
-        return GreedySearch(requests, eos)
-    return BeamSearch(requests, eos)
+    if size > 1:
+        return BeamSearch(requests, eos)
+    if any(r.sampling is not None for r in requests):
+        return SampledSearch(requests, eos)
+    return GreedySearch(requests, eos)

@@ -13,11 +13,35 @@ import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
+class SamplingOptions:
+    """Draw each token at random from the model's (reshaped) distribution instead of taking the best."""
+
+    # Divides the logits before sampling: < 1 sharpens the distribution, > 1 flattens it; must be > 0.
+    temperature: float = 1.0
+    # Sample among the k most likely tokens only; 0 = no limit.
+    top_k: int = 0
+    # Sample among the most likely tokens whose probabilities add up to at least p (nucleus); 1 = all.
+    top_p: float = 1.0
+    # Seed of the request's own random generator: the same seed gives the same output, alone or batched
+    # with other requests. None = a fresh seed per request.
+    seed: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class DecodingOptions:
     # Upper bound on generated tokens (EOS not counted); 0 means the model's `limits.max_new_tokens`.
     max_new_tokens: int = 0
     # 1 = greedy search; > 1 = beam search with that many beams.
     beam_size: int = 1
+    # How many of the best sequences the result lists with their scores (`GenerationResult.nbest`);
+    # 1 = only the output itself. At most beam_size.
+    num_return_sequences: int = 1
+    # End-of-sequence is not allowed before this many tokens were generated; 0 = no minimum.
+    min_new_tokens: int = 0
+    # No n-gram of this many tokens occurs twice in the output (a repetition guard); 0 = no guard.
+    no_repeat_ngram_size: int = 0
+    # Sample instead of searching (greedy only: beam_size 1); None = the deterministic search.
+    sampling: SamplingOptions | None = None
 
 
 class AttentionGranularity(enum.Enum):
@@ -120,6 +144,23 @@ class StreamedToken:
 
 
 @dataclasses.dataclass(frozen=True)
+class AttentionExplanation:
+    """Summaries read off an attention matrix (server/explanation.py; docs/api.md, "Explanations")."""
+
+    # Per row: the column it attended to most (a hard alignment of each output piece or word).
+    alignment: list[int]
+    # Per column: the attention it received, summed over rows (1.0 = one row's worth).
+    coverage: list[float]
+    # Per row: the entropy of its distribution over the columns, in nats (0 = all on one column).
+    entropy: list[float]
+    # Per column: True when it received almost no attention (coverage below `neglect_threshold`): a hint
+    # that the output may have left that source word out. The source's end token is never flagged.
+    neglected: list[bool]
+    # The coverage below which a column is flagged.
+    neglect_threshold: float
+
+
+@dataclasses.dataclass(frozen=True)
 class AttentionMatrix:
     # weights[r][c]: attention of output row r on source column c.
     weights: list[list[float]]
@@ -127,6 +168,8 @@ class AttentionMatrix:
     col_labels: list[str]  # source pieces or words
     layer: int  # the decoder layer read (non-negative)
     reduction: str  # what was reduced, e.g. "layer 2 of 3, mean over 4 heads, words"
+    # Alignment, coverage, entropy and omission hints computed from `weights`; None when not computed.
+    explanation: AttentionExplanation | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +197,17 @@ class Timings:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScoredSequence:
+    """One of the n best outputs of a request, with the score the search ranked it by."""
+
+    text: str
+    tokens: list[Token]  # EOS excluded
+    # Summed log-probability divided by the length in tokens (EOS included when it ended the sequence).
+    score: float
+    finish_reason: FinishReason
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationResult:
     model: str
     text: str
@@ -165,6 +219,9 @@ class GenerationResult:
     timings: Timings
     # Audio input: each word's time span, read from the attention (server/timestamps.py); else empty.
     words: list[WordTiming] = dataclasses.field(default_factory=list)
+    # DecodingOptions.num_return_sequences > 1: the best sequences, best first (the first is the output
+    # above); at most that many, fewer when the model can produce fewer. Else empty.
+    nbest: list[ScoredSequence] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from attnserve.server import logging_setup
+from attnserve.server import logging_setup, metrics
 
 # Methods anyone may call: the standard health service.
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
@@ -67,10 +67,13 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 
     Args:
         tokens: the accepted tokens.
+        counted: methods ("/package.Service/Method") whose refusals are counted as generation requests in
+            the metrics, under model "" (the request is never parsed, so its model is unknown).
     """
 
-    def __init__(self, tokens: frozenset[str]):
+    def __init__(self, tokens: frozenset[str], counted: frozenset[str] = frozenset()):
         self._tokens = [token.encode() for token in tokens]
+        self._counted = counted
 
     async def intercept_service(
         self,
@@ -81,6 +84,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or details.method.startswith(OPEN_PREFIXES) or self._authorized(details):
             return handler
         logging_setup.rejections.log("%s: UNAUTHENTICATED", details.method)
+        if details.method in self._counted:
+            metrics.count_request("", grpc.StatusCode.UNAUTHENTICATED.name)
         return _denying(handler)
 
     def _authorized(self, details: grpc.HandlerCallDetails) -> bool:

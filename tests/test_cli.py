@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.clients import cli
 from attnserve.clients.client import Client
+from attnserve.server.generation import SamplingOptions
 from fakes import WAIT
 
 MODEL = "fake-translate"  # the fake_server's model
@@ -266,3 +267,20 @@ def test_default_target_guesses_the_source_language_by_script(sources, targets, 
 
     info = ModelInfo("m", 1, "translation", "", sources, targets, 10, 10, 1, 1)
     assert languages.default_target(info, text) == target
+
+
+def test_translate_passes_nbest_and_sampling_options(capsys, fake_server, address):
+    _, engine = fake_server
+    status, _, _ = run(capsys, "translate", "abc", "--nbest", "3", "--model", MODEL, "--address", address)
+    decoding = engine.requests[-1].decoding
+    assert status == 0 and (decoding.beam_size, decoding.num_return_sequences, decoding.sampling) == (3, 3, None)
+    argv = ["--sample", "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "42"]
+    status, _, _ = run(capsys, "translate", "abc", *argv, "--model", MODEL, "--address", address)
+    decoding = engine.requests[-1].decoding
+    assert status == 0 and decoding.beam_size == 1
+    assert decoding.sampling == SamplingOptions(temperature=0.7, top_k=5, top_p=0.9, seed=42)
+
+
+def test_sampling_flags_without_sample_are_an_error(capsys):
+    with pytest.raises(SystemExit, match="--temperature, --seed only apply with --sample"):
+        cli.main(["translate", "abc", "--temperature", "2", "--seed", "1", "--address", "127.0.0.1:1"])

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
 from attnserve.server import app, security
 from attnserve.server.serve_options import ServeOptions
@@ -135,6 +136,31 @@ def test_bearer_tokens_guard_every_rpc_but_health(tmp_path):
             health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
     assert len(engine.requests) == 2  # refused calls never reached the model
+
+
+def test_unauthenticated_generation_calls_are_counted_as_rejections():
+    engine = FakeEngine()
+
+    def counts() -> tuple[float, float]:
+        rejected = REGISTRY.get_sample_value("attnserve_rejected_requests_total", {"model": "", "reason": "unauthenticated"})
+        finished = REGISTRY.get_sample_value("attnserve_requests_total", {"model": "", "code": "UNAUTHENTICATED"})
+        return rejected or 0.0, finished or 0.0
+
+    before = counts()
+    with app.BackgroundServer({engine.info.name: engine}, tokens=frozenset({"secret"})) as background:
+        with grpc.insecure_channel(background.address) as channel:
+            stub = pb_grpc.AttnServeStub(channel)
+            with pytest.raises(grpc.RpcError):
+                stub.Generate(REQUEST, timeout=WAIT, metadata=[("authorization", "Bearer wrong")])
+            with pytest.raises(grpc.RpcError):
+                list(stub.GenerateStream(REQUEST, timeout=WAIT))
+            # Not a generation request: refused all the same, but not counted as one.
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ListModels(pb.ListModelsRequest(), timeout=WAIT)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            stub.Generate(REQUEST, timeout=WAIT, metadata=[("authorization", "Bearer secret")])
+    # The request is never parsed, so its model is unknown: the "" label that unknown model names share.
+    assert [after - earlier for after, earlier in zip(counts(), before)] == [2, 2]
 
 
 def test_an_empty_token_file_is_refused(tmp_path):
