@@ -13,12 +13,12 @@ import shutil
 import numpy as np
 import pytest
 
-from attnserve.server.decoding import Batch, GreedySearch, decode, log_softmax, make_strategy
+from attnserve.server.decoding import Batch, BeamSearch, GreedySearch, decode, log_softmax, make_strategy
 from attnserve.server.engine import load_engine
 from attnserve.server.generation import DecodingOptions, FinishReason, GenerationRequest, SamplingOptions
 from attnserve.server.output_rules import OutputRules, repeated_ngram_completions
 from attnserve.server.repository import find_models
-from attnserve.server.sampling import SampledSearch, draw_token
+from attnserve.server.sampling import draw_token
 from conftest import TINY_MODEL_NAME
 from fakes import MIXED_TEXTS
 
@@ -123,8 +123,6 @@ def test_beam_search_of_width_one_asked_through_the_engine_is_greedy(engine):
     prepared = [engine.prepare(request(max_new_tokens=12))]
     beam = make_strategy([dataclasses.replace(prepared[0], beam_size=1)], EOS)
     assert isinstance(beam, GreedySearch)
-    from attnserve.server.decoding import BeamSearch
-
     strategy = BeamSearch(prepared, EOS)
     batch = Batch.build(engine.manifest, engine.runtime, engine.preprocessor.collate([prepared[0].source]))
     (hyp,) = [h for events in decode(batch, strategy) for h in events.finished]
