@@ -9,6 +9,10 @@ A caller may cancel an item. A queued item is dropped before it runs; a running 
 `cancelled`, and the processor, which checks the mark between its steps, ends it with CancelledError
 while its neighbours go on.
 
+With `BatchingOptions.continuous` set, the worker instead hands itself to a loop the engine supplies
+(continuous batching, server/continuous.py), which takes queued items at every decode step boundary with
+`take` and answers them with `resolve`; no window is waited out.
+
 The batcher knows nothing about models: the engine supplies the processor.
 """
 
@@ -21,9 +25,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import CancelledError, Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnserve.server.generation import OverloadedError, UnavailableError
+
+if TYPE_CHECKING:
+    from attnserve.server.scheduler import SchedulingOptions
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +43,9 @@ class BatchingOptions:
     window_seconds: float = 0.005
     # Requests waiting beyond the running batch; one more raises OverloadedError.
     max_queue_size: int = 256
+    # Experimental: admit requests into the running batch at every step (continuous batching) with these
+    # limits; None = the windowed batches above.
+    continuous: SchedulingOptions | None = None
 
     def __post_init__(self):
         if self.max_batch_size < 1:
@@ -100,8 +110,15 @@ class Batcher:
         name: used for the thread name and logs.
     """
 
-    def __init__(self, process: Processor, options: BatchingOptions = BatchingOptions(), name: str = "model"):
+    def __init__(
+        self,
+        process: Processor,
+        options: BatchingOptions = BatchingOptions(),
+        name: str = "model",
+        loop: Callable[[Batcher], None] | None = None,
+    ):
         self._process = process
+        self._loop = loop  # runs the worker instead of windowed batches (continuous batching)
         self.options = options
         self.name = name
         self._queue: collections.deque[WorkItem] = collections.deque()
@@ -161,7 +178,40 @@ class Batcher:
         if threading.current_thread() is not self._worker:
             self._worker.join(timeout)
 
+    def take(self, fits: Callable[[WorkItem], bool], block: bool) -> list[WorkItem] | None:
+        """Continuous batching: pops queued items from the front while `fits` accepts them, in order.
+
+        Args:
+            fits: called under the queue's lock with the head item; must be quick.
+            block: wait for a first item (the caller has nothing running).
+
+        Returns:
+            The items to start (cancelled ones already dropped); None once closed with nothing queued.
+        """
+        with self._cond:
+            while block and not self._queue and not self._closed:
+                self._cond.wait()
+            if self._closed and not self._queue:
+                return None
+            items = []
+            while self._queue and fits(self._queue[0]):
+                items.append(self._queue.popleft())
+        return [item for item in items if item.future.set_running_or_notify_cancel()]
+
+    def peek(self) -> WorkItem | None:
+        """The item at the head of the queue, or None."""
+        with self._cond:
+            return self._queue[0] if self._queue else None
+
+    def run_alone(self, items: Sequence[WorkItem]) -> None:
+        """Runs items through the windowed path, one batch each (a continuous loop's fallback after a failure)."""
+        for item in items:
+            self._run_batch([item])
+
     def _run(self) -> None:
+        if self._loop is not None:
+            self._loop(self)
+            return
         while True:
             items = self._next_batch()
             if items is None:
@@ -197,7 +247,7 @@ class Batcher:
         # Items cancelled since they left the queue (or before a retry) end before any model work.
         for item in items:
             if item.cancelled:
-                _resolve(item, CancelledError("the caller cancelled the request"))
+                resolve(item, CancelledError("the caller cancelled the request"))
         items = [item for item in items if not item.cancelled]
         if not items:
             return
@@ -207,10 +257,10 @@ class Batcher:
         try:
             for index, outcome in self._process(items):
                 if index in unanswered:
-                    _resolve(unanswered.pop(index), outcome)
+                    resolve(unanswered.pop(index), outcome)
         except Exception as exc:
             if len(items) == 1:
-                _resolve(items[0], exc)
+                resolve(items[0], exc)
                 return
             log.warning("batch of %d on %s failed (%r); retrying %d alone", len(items), self.name, exc, len(unanswered))
             for item in unanswered.values():
@@ -218,11 +268,11 @@ class Batcher:
             return
         except BaseException:
             for item in unanswered.values():
-                _resolve(item, UnavailableError(f"model '{self.name}' worker stopped"))
+                resolve(item, UnavailableError(f"model '{self.name}' worker stopped"))
             raise
         # A processor that ends without answering someone must not leave that caller waiting forever.
         for item in unanswered.values():
-            _resolve(item, RuntimeError("the batch ended without an answer for this request"))
+            resolve(item, RuntimeError("the batch ended without an answer for this request"))
 
     def _forget(self, future: Future) -> None:
         """Done-callback of every item's future: an answered item can no longer be cancelled."""
@@ -230,7 +280,8 @@ class Batcher:
             self._items.pop(future, None)
 
 
-def _resolve(item: WorkItem, outcome: Any) -> None:
+def resolve(item: WorkItem, outcome: Any) -> None:
+    """Sets an item's result, or its exception if `outcome` is one; a no-op once it is answered."""
     if item.future.done():
         return
     if isinstance(outcome, BaseException):

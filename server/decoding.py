@@ -12,7 +12,8 @@ into the next tokens and tells the batch which rows to keep: finished rows are d
 Before it chooses, the requests' output rules (minimum length, repetition guard: server/output_rules.py)
 take the tokens they forbid out of the logits; log-probabilities are those of the distribution that remains.
 Finished requests come out of `decode()` at the step they finish, so a caller can answer them while the rest
-of the batch continues.
+of the batch continues. `Batch.merge` and `Batch.split` let continuous batching (server/lane.py) add rows
+that start later and move rows between running batches without changing what any row computes.
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ class Batch:
         self.positions = self.positions[rows]
         self.self_mask = self.self_mask[rows]
         self._trim_source()
+        self._trim_time()
 
     def filter(self, keep_rows: np.ndarray) -> None:
         """Drops every row not in `keep_rows` (ascending, unique): finished requests leave the batch."""
@@ -184,6 +186,50 @@ class Batch:
         if np.any(np.diff(keep_rows) <= 0):
             raise ValueError("filter() takes ascending, unique rows; use select() to reorder or repeat")
         self.select(keep_rows)
+
+    def merge(self, other: Batch) -> None:
+        """Appends `other`'s rows (continuous batching: requests admitted while this batch runs).
+
+        Static tensors and source-shaped state are zero-padded along their source axis, appended state
+        (a K/V cache) is left-padded along its time axis with slots the self-attention mask hides, so
+        every row computes what it would alone.
+        """
+        t = max(self.self_mask.shape[1], other.self_mask.shape[1])
+        for spec in self._manifest.static:
+            a, b = _pad_to_match(self._static[spec.target], other._static[spec.target], spec.source_axis)
+            self._static[spec.target] = np.concatenate([a, b], axis=spec.batch_axis)
+        for spec in self._manifest.state:
+            a, b = self._state[spec.input], other._state[spec.input]
+            if spec.update == "append":
+                a, b = _pad_left(a, spec.time_axis, t), _pad_left(b, spec.time_axis, t)
+            if spec.source_axis is not None:
+                a, b = _pad_to_match(a, b, spec.source_axis)
+            self._state[spec.input] = np.concatenate([a, b], axis=spec.batch_axis)
+        masks = [_pad_left(m, 1, t) for m in (self.self_mask, other.self_mask)]
+        self.self_mask = np.concatenate(masks, axis=0)  # (B + B', T)
+        self.positions = np.concatenate([self.positions, other.positions])
+        self.source_lengths = np.concatenate([self.source_lengths, other.source_lengths])
+
+    def split(self, rows: np.ndarray) -> Batch:
+        """Moves the given rows (ascending) out into a new batch; this one keeps the others, in order."""
+        rows = np.asarray(rows, dtype=np.intp)
+        other = Batch(self._manifest, self._runtime, dict(self._static), dict(self._state), self.source_lengths)
+        other.positions, other.self_mask = self.positions, self.self_mask
+        other.select(rows)
+        self.select(np.setdiff1d(np.arange(len(self)), rows))
+        return other
+
+    def _trim_time(self) -> None:
+        """Drops leading cache slots no row may attend (padding of rows that were merged in later)."""
+        if not self._appends or not self.self_mask.shape[1] or self.self_mask[:, 0].any():
+            return
+        cut = int(np.argmax(self.self_mask.any(axis=0))) if self.self_mask.any() else self.self_mask.shape[1]
+        self.self_mask = self.self_mask[:, cut:]
+        for spec in self._manifest.state:
+            if spec.update == "append":
+                index = [slice(None)] * self._state[spec.input].ndim
+                index[spec.time_axis] = slice(cut, None)
+                self._state[spec.input] = self._state[spec.input][tuple(index)]
 
     def _trim_source(self) -> None:
         width = int(self.source_lengths.max()) if len(self) else 0
@@ -201,6 +247,27 @@ def _cut_source(x: np.ndarray, axis: int, width: int) -> np.ndarray:
     index = [slice(None)] * x.ndim
     index[axis] = slice(0, width)
     return x[tuple(index)]
+
+
+def _pad_left(x: np.ndarray, axis: int, size: int) -> np.ndarray:
+    """x zero-padded at the front of `axis` to `size` positions."""
+    if x.shape[axis] >= size:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (size - x.shape[axis], 0)
+    return np.pad(x, pad)
+
+
+def _pad_to_match(a: np.ndarray, b: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """a and b zero-padded at the end of `axis` to the longer of the two (source padding, masked)."""
+    size = max(a.shape[axis], b.shape[axis])
+
+    def pad(x):
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, size - x.shape[axis])
+        return np.pad(x, widths) if x.shape[axis] < size else x
+
+    return pad(a), pad(b)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,8 @@
 input kind's preprocessor decodes the input there too) and returns a future; the model's batcher thread
 runs the ONNX Runtime calls and resolves it, streaming each token (with its attention row) to an optional
 callback on the way. `ModelEngine.cancel` ends a request early: a queued one never runs, a running one
-leaves its batch after the current decode step.
+leaves its batch after the current decode step. With `BatchingOptions.continuous` the worker runs
+server/continuous.py's loop instead of windowed batches; both build results with this engine's methods.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from attnserve.server import limits, preprocessing, search_options
 from attnserve.server.attention import attention_matrix, layer_mean
 from attnserve.server.batcher import Batcher, BatchingOptions, WorkItem
+from attnserve.server.continuous import ContinuousLoop
 from attnserve.server.decoding import Batch, Hypothesis, PreparedRequest, StepEvents, decode, make_strategy
 from attnserve.server.explanation import explain
 from attnserve.server.generation import (
@@ -77,7 +79,9 @@ class ModelEngine:
         self.tokenizer = tokenizer
         self.preprocessor = preprocessor or preprocessing.create(self.manifest, tokenizer)
         self._eos = self.manifest.special_tokens.eos
-        self._batcher = Batcher(self._process, batching, name=self.manifest.name)
+        self._continuous = ContinuousLoop(self) if batching.continuous is not None else None
+        loop = self._continuous.run if self._continuous is not None else None
+        self._batcher = Batcher(self._process, batching, name=self.manifest.name, loop=loop)
 
     @property
     def info(self) -> ModelInfo:
@@ -207,6 +211,14 @@ class ModelEngine:
             return future.result(timeout)
         finally:
             self.cancel(future)  # a no-op unless the wait timed out
+
+    def running_rows(self) -> int:
+        """Batch rows decoding now under continuous batching (beams count one each); 0 otherwise.
+
+        Exact on the worker thread (e.g. in a token callback); a recent value from any other.
+        """
+        scheduler = self._continuous and self._continuous.scheduler
+        return 0 if not scheduler else scheduler.foreground.rows + scheduler.background.rows
 
     def queued(self) -> int:
         """Requests waiting for a batch."""

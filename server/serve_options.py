@@ -31,6 +31,9 @@ class ServeOptions:
     grace_seconds: float = 10.0  # how long in-flight requests may finish after a shutdown signal
     # Bytes of requests handled at once (audio and images are the big ones); more are RESOURCE_EXHAUSTED.
     max_inflight_request_mb: float = 256.0
+    # Experimental: admit requests into the running batch at every decode step (continuous batching,
+    # server/scheduler.py); --max-batch-size then bounds the requests admitted at one step.
+    continuous_batching: bool = False
     skip_broken_models: bool = False  # serve the healthy models when some fail to load (those: NOT_SERVING)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the port speaks TLS only
     tls_key: str | None = None  # PEM private key
@@ -100,6 +103,10 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--max-inflight-request-mb": (
         "max_inflight_request_mb",
         dict(type=float, help="MiB of requests handled at once; more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+    ),
+    "--continuous-batching": (
+        "continuous_batching",
+        dict(action="store_true", help="experimental: admit requests into running batches at every step"),
     ),
     "--skip-broken-models": (
         "skip_broken_models",

@@ -1,0 +1,149 @@
+"""Continuous (iteration-level) batching: the worker loop that admits requests at every step boundary.
+
+Replaces the windowed batches of server/batcher.py when `BatchingOptions.continuous` is set. Each round:
+take what fits from the queue (waiting only when nothing runs), encode the newcomers together (one group
+per beam size) and merge them into the foreground lane, then take one decoder step in each lane
+(server/lane.py; which lanes and who is admitted is server/scheduler.py's policy). Every request is
+answered in the step it finishes, fails or is cancelled; its rows leave at the next step.
+
+A failed encoder call or step reruns the affected requests one at a time through the windowed path, so
+only the bad one fails (with the error it raises: INTERNAL at the service).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterator
+from concurrent.futures import CancelledError
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from attnserve.server.batcher import Batcher, WorkItem, resolve
+from attnserve.server.decoding import Batch, StepEvents, make_strategy
+from attnserve.server.lane import Group, Lane
+from attnserve.server.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from attnserve.server.engine import ModelEngine, _Clock
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(eq=False)
+class Cohort:
+    """Requests admitted together: one encoder call, one strategy (a `Group` of some lane)."""
+
+    items: list[WorkItem]
+    clock: _Clock
+    streaming: np.ndarray  # (N,) which items have a token callback
+    streamed: list[list[int]]  # ids passed to each item's callback so far
+    answered: set[int] = dataclasses.field(default_factory=set)
+    peak: int = 0  # most requests that shared a decoder call with these (reported as batch_size)
+
+    @property
+    def open(self) -> list[int]:
+        return [i for i in range(len(self.items)) if i not in self.answered]
+
+
+class ContinuousLoop:
+    """The worker loop of one model under continuous batching (runs on its batcher's thread).
+
+    Args:
+        engine: the model whose runtime, preprocessor and result building the loop uses.
+    """
+
+    def __init__(self, engine: ModelEngine):
+        self._engine = engine
+        self.scheduler: Scheduler | None = None  # set once the loop runs
+
+    def run(self, batcher: Batcher) -> None:
+        """Serves the batcher's queue until it is closed and everything admitted has finished."""
+        self.scheduler = Scheduler(batcher.options.continuous)
+        while self._round(self.scheduler, batcher):
+            pass
+
+    def _round(self, scheduler: Scheduler, batcher: Batcher) -> bool:
+        """One round; False once closed with nothing left to run."""
+        try:
+            # Admission: wait only when nothing runs; make room by moving over-budget groups aside.
+            head = batcher.peek()
+            if head is not None:
+                scheduler.make_room(head.payload.beam_size)
+            fits = scheduler.admission()
+            items = batcher.take(lambda item: fits(item.payload.beam_size), block=not scheduler.running)
+            if items is None and not scheduler.running:
+                return False
+            self._admit(items or [], scheduler.foreground, batcher)
+            # One decoder step per lane; each request is answered in the step it finishes.
+            for lane in scheduler.lanes():
+                self._step(lane, batcher)
+        except Exception as exc:  # a broken invariant: fail what runs, keep serving the queue
+            log.exception("continuous batching on %s failed", batcher.name)
+            for lane in scheduler.lanes():
+                for group in lane.clear():
+                    for i in group.tag.open:
+                        resolve(group.tag.items[i], exc)
+        return True
+
+    def _admit(self, items: list[WorkItem], lane: Lane, batcher: Batcher) -> None:
+        """Encodes newcomers together (one group per beam size) and merges them into the lane."""
+        from attnserve.server.engine import _Clock  # the engine's, so results time both paths alike
+
+        engine = self._engine
+        for item in [item for item in items if item.cancelled]:
+            resolve(item, CancelledError("the caller cancelled the request"))
+        groups: dict[int, list[WorkItem]] = {}
+        for item in items:
+            if not item.cancelled:
+                groups.setdefault(item.payload.beam_size, []).append(item)
+        for members in groups.values():
+            for item in members:
+                item._new_attempt()
+            prepared = [item.payload for item in members]
+            clock = _Clock(start=time.perf_counter(), encoded=0.0)
+            try:
+                inputs = engine.preprocessor.collate([p.source for p in prepared])
+                batch = Batch.build(engine.manifest, engine.runtime, inputs)
+                clock.encoded = time.perf_counter()
+                strategy = make_strategy(prepared, engine.manifest.special_tokens.eos)
+                streaming = np.array([item.on_token is not None for item in members])
+                lane.add(batch, strategy, Cohort(members, clock, streaming, [[] for _ in members]))
+            except Exception as exc:
+                log.warning("admitting %d requests on %s failed (%r); running them alone",
+                            len(members), batcher.name, exc)
+                batcher.run_alone(members)
+
+    def _step(self, lane: Lane, batcher: Batcher) -> None:
+        """One decoder step of a lane; a failed step reruns its unanswered requests alone."""
+        try:
+            stepped = lane.step()
+        except Exception as exc:
+            groups = lane.clear()
+            log.warning("a continuous batch on %s failed (%r); retrying its requests alone", batcher.name, exc)
+            batcher.run_alone([g.tag.items[i] for g in groups for i in g.tag.open])
+            return
+        sharing = sum(len(g.tag.open) for g, _ in stepped)
+        for group, events in stepped:
+            cohort: Cohort = group.tag
+            cohort.peak = max(cohort.peak, sharing)
+            cohort.clock.first_step = cohort.clock.first_step or time.perf_counter()
+            for i, outcome in self._answers(cohort, group, events):
+                cohort.answered.add(i)
+                resolve(cohort.items[i], outcome)
+
+    def _answers(self, cohort: Cohort, group: Group, events: StepEvents) -> Iterator[tuple[int, object]]:
+        """The answers one step produced for a cohort: finished, failed callbacks and cancellations."""
+        engine = self._engine
+        for i, error in engine._stream(cohort.items, events, cohort.streaming, cohort.streamed):
+            group.strategy.cancel(i)
+            yield i, error
+        for hyp in events.finished:
+            if hyp.index not in cohort.answered:
+                item = cohort.items[hyp.index]
+                yield hyp.index, engine._answer(item, hyp, cohort.streamed, cohort.clock, cohort.peak)
+        for i in [i for i in cohort.open if cohort.items[i].cancelled]:
+            group.strategy.cancel(i)  # its rows leave at the next step
+            yield i, CancelledError("the caller cancelled the request")

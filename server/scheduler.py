@@ -1,0 +1,73 @@
+"""Which rows run next: admission at every step boundary, a bound on rows in flight, and fairness.
+
+Requests join the *foreground* lane at the next step boundary while its rows fit under `max_rows` (a
+request wider than the limit runs only on an empty lane). A group that has spent more than its fair share
+(rows x steps) is moved, when a queued request does not fit, to the *background* lane; the two lanes take
+one decoder step each in turn, so an expensive beam search keeps going while cheap requests keep flowing
+past it instead of waiting for it to end. Nothing here touches the model: lanes and their batches do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from attnserve.server.lane import Lane
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulingOptions:
+    # Rows (beams count one row each) decoding together in one lane; more requests wait in the queue.
+    max_rows: int = 64
+    # Rows x steps a group may spend before it yields its place in the foreground to queued requests.
+    fair_share_row_steps: int = 512
+    # Most requests encoded together when admitted at one step boundary.
+    max_admit: int = 16
+
+    def __post_init__(self):
+        for name in ("max_rows", "fair_share_row_steps", "max_admit"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SchedulingOptions.{name} must be >= 1, got {getattr(self, name)}")
+
+
+class Scheduler:
+    """The running lanes and the policy that fills them."""
+
+    def __init__(self, options: SchedulingOptions = SchedulingOptions()):
+        self.options = options
+        self.foreground = Lane()
+        self.background = Lane()
+
+    @property
+    def running(self) -> bool:
+        return bool(self.foreground or self.background)
+
+    def lanes(self) -> list[Lane]:
+        """The lanes to step this round, one step each: both take turns so neither starves."""
+        return [lane for lane in (self.foreground, self.background) if lane]
+
+    def make_room(self, rows: int) -> None:
+        """Moves over-budget groups to the background until `rows` more fit in the foreground (or none can)."""
+        over = [g for g in self.foreground.groups if g.row_steps > self.options.fair_share_row_steps]
+        for group in sorted(over, key=lambda g: -g.row_steps):
+            if self._fits(self.foreground.rows, rows):
+                return
+            if self.background and self.background.rows + group.rows > self.options.max_rows:
+                continue
+            self.background.attach(self.foreground.detach(group), group)
+
+    def admission(self) -> Callable[[int], bool]:
+        """A predicate for the queue's head, called in order: does a request of `rows` rows fit now?"""
+        taken = [0, 0]  # rows, requests accepted by this predicate so far
+
+        def fits(rows: int) -> bool:
+            if taken[1] >= self.options.max_admit or not self._fits(self.foreground.rows + taken[0], rows):
+                return False
+            taken[0] += rows
+            taken[1] += 1
+            return True
+
+        return fits
+
+    def _fits(self, used: int, rows: int) -> bool:
+        return used == 0 or used + rows <= self.options.max_rows
