@@ -104,8 +104,8 @@ def build_manifest(model: ShowAttendTell, name: str, version: int, max_bytes: in
         "version": version,
         "task": "image-captioning",
         "description": description or (
-            f"English image captioner (words): {cfg.image_size} x {cfg.image_size} CNN encoder to a {cfg.grid} x "
-            f"{cfg.grid} grid + LSTM speller with soft attention (show, attend and tell)"
+            f"English image captioner (words): {cfg.image_size} x {cfg.image_size} CNN encoder to a grid of "
+            f"{cfg.grid} x {cfg.grid} cells + LSTM speller with soft attention (show, attend and tell)"
         ),
         "languages": {"source": ["en"], "target": ["en"]},
         "tokenizer": {"file": "tokenizer.json", "word_boundary": "metaspace-cjk"},

@@ -71,7 +71,9 @@ class ShowAttendTellConfig:
 
     def __post_init__(self):
         if self.image_size % self.reduction:
-            raise ValueError(f"image_size {self.image_size} is not divisible by the encoder's {self.reduction}x reduction")
+            raise ValueError(
+                f"image_size {self.image_size} is not divisible by the encoder's {self.reduction}x reduction"
+            )
         if self.vocab_size <= vocabulary.START_ID:
             raise ValueError(f"vocab_size {self.vocab_size} leaves no room for the specials")
 

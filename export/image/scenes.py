@@ -246,4 +246,5 @@ def pixel_box(box: tuple[float, float, float, float], size: int) -> tuple[int, i
 
 def generate(sampler: SceneSampler, seed: int, split: str, count: int) -> list[Scene]:
     """`count` scenes of `split`, scene i drawn from its own generator (seed, split, i)."""
-    return [sampler.sample(np.random.default_rng([seed, SPLIT_IDS[split], i]), f"{split}_{i:06d}") for i in range(count)]
+    split_id = SPLIT_IDS[split]
+    return [sampler.sample(np.random.default_rng([seed, split_id, i]), f"{split}_{i:06d}") for i in range(count)]

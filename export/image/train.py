@@ -20,12 +20,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import math
 import pathlib
 import random
 import time
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 from torch.nn import functional as F

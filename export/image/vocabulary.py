@@ -14,7 +14,8 @@ from attnserve.export.image.objects import OBJECTS
 from attnserve.export.image.scenes import RELATIONS
 from attnserve.export.speech.vocabulary import EOS_ID, METASPACE, PAD_ID, SPECIAL_TOKENS, START_ID, UNK_ID
 
-__all__ = ["EOS_ID", "PAD_ID", "SPECIAL_TOKENS", "START_ID", "UNK_ID", "caption_words", "encode", "suppressed_ids", "word_tokenizer"]
+__all__ = ["EOS_ID", "PAD_ID", "SPECIAL_TOKENS", "START_ID", "UNK_ID", "caption_words", "encode", "suppressed_ids",
+           "word_tokenizer"]
 
 
 def caption_words() -> list[str]:
