@@ -120,7 +120,7 @@ class ModelEngine:
                 options (server/search_options.py) or attention layer; or an input that is missing, of
                 another kind, empty or unusable.
             InputTooLargeError: an input over a limit the model states (audio duration, bytes).
-            NotImplementedError: an input kind that cannot be decoded yet (images).
+            NotImplementedError: an input kind the server cannot decode.
         """
         m = self.manifest
         if request.model and request.model != m.name:

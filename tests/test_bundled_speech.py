@@ -52,9 +52,10 @@ def alone(engine, examples):
 
 
 def test_held_out_voices_are_transcribed(alone, examples):
-    # The model card's held-out-voice CER is far below this bound; a broken export or feature change is not.
+    # Version 1 is undertrained (its card: 96% CER on all held-out clips, 67% on these short ones); a broken
+    # export, feature change or decode loop writes unrelated or looping text, 100% and more.
     cer = error_rate([r.text for r in alone], [e["text"] for e in examples], "char")
-    assert cer < 0.3, [(r.text, e["text"]) for r, e in zip(alone, examples)]
+    assert cer < 0.85, [(r.text, e["text"]) for r, e in zip(alone, examples)]
 
 
 def test_words_are_timed_where_the_synthesizer_said_them(alone, examples):

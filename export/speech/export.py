@@ -87,11 +87,11 @@ def example_inputs(model: ListenAttendSpell) -> tuple[tuple, tuple]:
 
 def export_graphs(model: ListenAttendSpell, out_dir: pathlib.Path) -> None:
     """Writes encoder.onnx and decoder.onnx with the batch, frame and source axes left dynamic."""
-    model = model.eval()
+    model = model.eval()  # the wrappers below are made in eval mode too: the exporter restores their mode after
     encoder_example, decoder_example = example_inputs(model)
     batch, batch_frames, batch_source = {0: "batch"}, {0: "batch", 1: "frames"}, {0: "batch", 1: "source"}
     torch.onnx.export(
-        EncoderGraph(model), encoder_example, str(out_dir / "encoder.onnx"),
+        EncoderGraph(model).eval(), encoder_example, str(out_dir / "encoder.onnx"),
         input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
         dynamic_axes={**{n: batch_frames for n in ENCODER_INPUTS}, **{n: batch_source for n in ENCODER_OUTPUTS[:3]},
                       **{n: batch for n in ENCODER_OUTPUTS[3:]}},
@@ -103,7 +103,7 @@ def export_graphs(model: ListenAttendSpell, out_dir: pathlib.Path) -> None:
                                              "initial_state.hidden": cfg.speller_hidden,
                                              "initial_state.cell": cfg.speller_hidden})
     torch.onnx.export(
-        DecoderStepGraph(model), decoder_example, str(out_dir / "decoder.onnx"),
+        DecoderStepGraph(model).eval(), decoder_example, str(out_dir / "decoder.onnx"),
         input_names=DECODER_INPUTS, output_names=DECODER_OUTPUTS,
         dynamic_axes={**{n: batch_source for n in [*STATIC, *STATE[3][:2]]},
                       **{n: batch for n in ["input_ids", "logits", *(n for s in STATE[:3] for n in s[:2])]},

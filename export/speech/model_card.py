@@ -58,7 +58,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path)
     cfg, state = checkpoint["config"], checkpoint["state"]
     params = sum(v.numel() for k, v in checkpoint["model"].items() if not k.startswith("ctc_head"))
     manifest = json.loads((model_dir / "manifest.json").read_text())
-    best = min(state["history"], key=lambda h: h["cer"])
+    best, last = min(state["history"], key=lambda h: h["cer"]), state["history"][-1]
     reduction, r_ctc = 2 ** cfg["pyramid_layers"], 2 ** cfg["ctc_layer"]
     return "\n".join([
         f"# {manifest['name']} (version {manifest['version']})",
@@ -81,10 +81,11 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path)
         "## Training",
         f"- {state['step']:,} steps, {state['epoch']} epochs + {state['batch_in_epoch']:,} batches,"
         f" {state['audio_seconds'] / 3600:.1f} h of audio seen in {state['seconds'] / 60:.0f} minutes of compute"
-        f" ({state['audio_seconds'] / max(state['seconds'], 1):.0f} audio-s/s on one thread of a shared 2-core CPU).",
+        f" ({state['audio_seconds'] / max(state['seconds'], 1):.0f} audio-s/s on 2 shared CPU cores).",
         f"- Joint CTC-attention loss (0.3 CTC on the {r_ctc}x layer + 0.7 cross-entropy, label smoothing 0.1), Adam,"
         " warm-up then inverse-square-root decay, mel warp 0.85-1.18 and SpecAugment masks, padded length-sorted"
-        f" batches. Selected by seen-voice dev CER: {best['cer']:.1%} (WER {best['wer']:.1%}) at step {best['step']:,}."
+        f" batches. Seen-voice dev CER (greedy): best {best['cer']:.1%} at step {best['step']:,}, {last['cer']:.1%} at"
+        f" step {last['step']:,} (attention loss {last['attention_loss']:.3f}, CTC CER {last['ctc_cer']:.1%})."
         " Script: `python -m attnserve.export.speech.train`.",
         "",
         "## Data (hours of audio per voice)",
