@@ -54,6 +54,30 @@ def example_lines(scores: dict) -> list[str]:
     return lines
 
 
+# Above this character error rate on some test split, the card opens with a warning.
+UNDERTRAINED_CER = 0.5
+
+
+def status_lines(scores: dict, state: dict) -> list[str]:
+    """A warning section when the model mishears most of what it is given; none otherwise."""
+    worst = max(s["cer"] for s in scores["splits"].values())
+    if worst <= UNDERTRAINED_CER:
+        return []
+    timing = [s["word_timing"] for s in scores["splits"].values() if s["word_timing"]["words"]]
+    medians = sorted(1000 * t["start_median_s"] for t in timing)
+    aligned = (f" Its attention aligns: the words it gets right are timed with a median start error of"
+               f" {medians[0]:.0f}-{medians[-1]:.0f} ms.") if medians else ""
+    return [
+        "## Status: undertrained",
+        "",
+        f"This version is the checkpoint after {state['seconds'] / 60:.0f} minutes of CPU training, exported as it"
+        f" is. It mishears most words (CER up to {worst:.0%}) and loops on clips longer than a few seconds, whose"
+        f" insertions push WER past 100%.{aligned} Train longer (the training command resumes; `--threads 2` on a"
+        " quiet machine) before using it for anything but the attention demo.",
+        "",
+    ]
+
+
 def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path) -> str:
     cfg, state = checkpoint["config"], checkpoint["state"]
     params = sum(v.numel() for k, v in checkpoint["model"].items() if not k.startswith("ctc_head"))
@@ -69,6 +93,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path)
         f"over {10 * 2 ** cfg['pyramid_layers']} ms time spans, from which the server times every word.",
         "Trained from scratch here, on 2 CPU cores, on synthesized speech only: expect it to fail on real voices.",
         "",
+        *status_lines(scores, state),
         "## Model",
         f"- Listener: a BiLSTM ({cfg['listener_hidden']} units per direction) over 80 log-mel bands, then"
         f" {cfg['pyramid_layers']} pyramid BiLSTMs halving time each ({reduction}x: one attention column per"
