@@ -232,9 +232,14 @@ def export_model(
 
         recurrent_export.export_graphs(model, out_dir)
         manifest = recurrent_export.build_manifest(model.cfg, tokenizer, name, version, **extra)
+    write_tokenizer_and_manifest(out_dir, tokenizer, manifest)
+    return out_dir
+
+
+def write_tokenizer_and_manifest(out_dir: pathlib.Path, tokenizer, manifest: dict) -> None:
+    """The two files every version folder has beside its graphs (every exporter writes them this way)."""
     tokenizer.save(str(out_dir / "tokenizer.json"))
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-    return out_dir
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from torch import nn
 
 from attnserve.export.image import vocabulary
 from attnserve.export.image.model import ShowAttendTell
+from attnserve.export.onnx_export import write_tokenizer_and_manifest
 
 OPSET = 17
 # Decoder state: (past input, present output, the encoder output it starts from).
@@ -134,9 +135,7 @@ def export_model(model: ShowAttendTell, tokenizer: Tokenizer, out_dir: pathlib.P
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     export_graphs(model, out_dir)
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    manifest = build_manifest(model, name, int(out_dir.name), **manifest_options)
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_tokenizer_and_manifest(out_dir, tokenizer, build_manifest(model, name, int(out_dir.name), **manifest_options))
     return out_dir
 
 

@@ -25,6 +25,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from attnserve.export.onnx_export import write_tokenizer_and_manifest
 from attnserve.export.speech import vocabulary
 from attnserve.export.speech.feature_cache import FEATURES, manifest_features
 from attnserve.export.speech.model import ListenAttendSpell, pad_features
@@ -175,9 +176,7 @@ def export_model(model: ListenAttendSpell, tokenizer: Tokenizer, out_dir: pathli
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     export_graphs(model, out_dir)
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    manifest = build_manifest(model, name, int(out_dir.name), **manifest_options)
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_tokenizer_and_manifest(out_dir, tokenizer, build_manifest(model, name, int(out_dir.name), **manifest_options))
     return out_dir
 
 
