@@ -243,7 +243,7 @@ def report(args: argparse.Namespace, engine: ModelEngine, runs: dict[str, list[R
         "repeats": args.repeats,
         "threads": args.threads,
         "max_batch_size": args.max_batch_size,
-        "batch_window_ms": BatchingOptions().window_seconds * 1e3,
+        "batching": "continuous" if BatchingOptions().continuous else f"window {BatchingOptions().window_seconds * 1e3} ms",
         "attention": "none" if args.no_attention else "words",
         "source_tokens": sum(len(r.source_tokens) for r in sequential[0].results),
         **{way: median_run(ways).summary() for way, ways in runs.items()},

@@ -24,7 +24,7 @@ from attnserve.server.scheduler import SchedulingOptions
 LONG_SOURCE = "Cannot open the file because it is being used by another program. " * 3
 SHORT_SOURCE = "Save"
 MODES = {
-    "windowed": BatchingOptions(),
+    "windowed": BatchingOptions(continuous=None),
     "continuous": BatchingOptions(continuous=SchedulingOptions()),
 }
 

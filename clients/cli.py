@@ -452,7 +452,8 @@ def _input_line(info: ModelInfo) -> str:
         )
     if info.image is not None:
         i = info.image
-        return f"image ({i.width}x{i.height}, {i.grid_rows}x{i.grid_cols} grid), at most {i.max_bytes} bytes"
+        return (f"image ({i.width}x{i.height}, {i.grid_rows}x{i.grid_cols} grid), at most {i.max_bytes} bytes"
+                f" and {i.max_pixels} pixels")
     return info.input_kind.value
 
 

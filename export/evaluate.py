@@ -18,6 +18,10 @@ from attnserve.export import bpe
 from attnserve.export.architectures import load_checkpoint
 from attnserve.export.train import read_pairs
 
+# Corpus families by domain: everyday sentences, dictionary entries (CC-CEDICT headwords and their glosses),
+# and everything else, software text (UI strings, help pages, manuals).
+EVERYDAY_FAMILIES = ("hsk", "tatoeba")
+DICTIONARY_FAMILIES = ("cedict",)
 DIRECTIONS = {"zh-TW->en": (1, 0, "en"), "en->zh-TW": (0, 1, "zh-TW")}  # (source column, target column, lang)
 
 
@@ -111,9 +115,10 @@ def evaluate(
     pairs = read_pairs(split)[:limit] if limit else read_pairs(split)
     families = read_families(split, len(pairs))
     report = {"checkpoint": str(checkpoint), "split": str(split), "pairs": len(pairs), "directions": {}}
-    # Half the examples from the everyday HSK sentences, half from the software text that dominates.
-    everyday = [i for i, f in enumerate(families) if f == "hsk"]
-    software = [i for i, f in enumerate(families) if f != "hsk"]
+    # Half the examples from everyday sentences, half from the software text that dominates.
+    everyday = [i for i, f in enumerate(families) if f in EVERYDAY_FAMILIES]
+    dictionary = [i for i, f in enumerate(families) if f in DICTIONARY_FAMILIES]
+    software = [i for i, f in enumerate(families) if f not in EVERYDAY_FAMILIES + DICTIONARY_FAMILIES]
     shown = sorted(spread(everyday, examples // 2) + spread(software, examples - min(len(everyday), examples // 2)))
     for name, (src_col, tgt_col, target) in DIRECTIONS.items():
         started = time.perf_counter()
@@ -126,6 +131,11 @@ def evaluate(
             family: {"pairs": len(rows), **score([hypotheses[i] for i in rows], [references[i] for i in rows], target)}
             for family in sorted(set(families))
             for rows in [[i for i, f in enumerate(families) if f == family]]
+        }
+        result["by_domain"] = {
+            domain: {"pairs": len(rows), **score([hypotheses[i] for i in rows], [references[i] for i in rows], target)}
+            for domain, rows in (("everyday", everyday), ("dictionary", dictionary), ("software", software))
+            if rows
         }
         result["examples"] = [
             {"family": families[i], "source": sources[i], "reference": references[i], "hypothesis": hypotheses[i]}

@@ -214,9 +214,9 @@ class Transformer(nn.Module):
         """
         return F.linear(hidden, self.embed.weight, self.embed.weight.new_zeros(self.cfg.vocab_size))
 
-    def empty_cache(self, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def empty_cache(self, batch: int, device: torch.device | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (batch, self.cfg.heads, 0, self.cfg.d_model // self.cfg.heads)
-        return [(torch.zeros(shape), torch.zeros(shape)) for _ in self.decoder_layers]
+        return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for _ in self.decoder_layers]
 
     def forward(self, src, src_mask, tgt_in, tgt_mask):
         """Teacher-forced training pass: (B, S) source, (B, T) shifted target -> logits (B, T, V)."""
@@ -224,7 +224,7 @@ class Transformer(nn.Module):
         t = tgt_in.shape[1]
         positions = torch.arange(t, device=tgt_in.device).expand_as(tgt_in)
         self_mask = subsequent_mask(t).to(src.device)[None, None] & tgt_mask.bool()[:, None, None, :]
-        logits, _, _ = self.decode(tgt_in, positions, self_mask, self.empty_cache(src.shape[0]), cross_kv, src_mask)
+        logits, _, _ = self.decode(tgt_in, positions, self_mask, self.empty_cache(src.shape[0], src.device), cross_kv, src_mask)
         return logits
 
     @torch.no_grad()

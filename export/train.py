@@ -13,6 +13,8 @@ the decoder starts with the target-language token.
 from __future__ import annotations
 
 import argparse
+import collections
+import concurrent.futures
 import dataclasses
 import logging
 import math
@@ -50,6 +52,12 @@ class TrainOptions:
     # Corpus family -> how many times its training pairs are repeated (e.g. {"hsk": 5}: the everyday
     # sentences are 4% of the corpus, and a demo translates everyday sentences).
     upsample: tuple[tuple[str, int], ...] = ()
+    # Dev families whose loss chooses best.pt (empty: the whole dev split), e.g. the everyday ones.
+    select_families: tuple[str, ...] = ()
+    # Also write averaged.pt: the mean weights of the last N checkpoints (0: off).
+    average_last: int = 0
+    # "cpu", or "cuda" (bf16 autocast, larger batches; checkpoints still load on CPU).
+    device: str = "cpu"
 
 
 def read_pairs(path: pathlib.Path) -> list[tuple[str, str]]:
@@ -98,8 +106,8 @@ def make_batches(examples, batch_tokens: int, rng: random.Random) -> list[list[i
     return batches
 
 
-def collate(examples, indices):
-    """-> src (B, S), src_mask, tgt_in (B, T), tgt_out (B, T) padded with PAD."""
+def collate(examples, indices, device: str = "cpu"):
+    """-> src (B, S), src_mask, tgt_in (B, T), tgt_out (B, T) padded with PAD, on `device`."""
     srcs = [examples[i][0] for i in indices]
     tgts = [examples[i][1] for i in indices]
     s, t = max(map(len, srcs)), max(map(len, tgts)) - 1
@@ -108,14 +116,17 @@ def collate(examples, indices):
     for row, (a, b) in enumerate(zip(srcs, tgts)):
         src[row, : len(a)] = torch.tensor(a)
         tgt[row, : len(b)] = torch.tensor(b)
+    src, tgt = src.to(device, non_blocking=True), tgt.to(device, non_blocking=True)
     return src, (src != bpe.PAD_ID).long(), tgt[:, :-1], tgt[:, 1:]
 
 
 def loss_on(model, batch, label_smoothing: float) -> tuple[torch.Tensor, int]:
     src, src_mask, tgt_in, tgt_out = batch
-    logits = model(src, src_mask, tgt_in, (tgt_in != bpe.PAD_ID).long())
+    # bf16 matrix products on a GPU (a no-op on CPU); the loss itself is taken in float32.
+    with torch.autocast(src.device.type, dtype=torch.bfloat16, enabled=src.device.type == "cuda"):
+        logits = model(src, src_mask, tgt_in, (tgt_in != bpe.PAD_ID).long())
     loss = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]),
+        logits.float().reshape(-1, logits.shape[-1]),
         tgt_out.reshape(-1),
         ignore_index=bpe.PAD_ID,
         label_smoothing=label_smoothing,
@@ -125,13 +136,13 @@ def loss_on(model, batch, label_smoothing: float) -> tuple[torch.Tensor, int]:
 
 
 @torch.no_grad()
-def dev_loss(model, examples, batch_tokens: int) -> float:
-    """Per-token cross-entropy (no smoothing) on up to 2,000 dev examples."""
+def dev_loss(model, examples, batch_tokens: int, device: str = "cpu", limit: int = 2000) -> float:
+    """Per-token cross-entropy (no smoothing) on up to `limit` dev examples."""
     model.eval()
-    subset = examples[:2000]
+    subset = examples[:limit]
     total, tokens = 0.0, 0
     for indices in make_batches(subset, batch_tokens, random.Random(0)):
-        loss, n = loss_on(model, collate(subset, indices), 0.0)
+        loss, n = loss_on(model, collate(subset, indices, device), 0.0)
         total, tokens = total + loss.item(), tokens + n
     model.train()
     return total / max(tokens, 1)
@@ -174,6 +185,24 @@ def save_checkpoint(path, model, optimizer, state: dict, tokenizer: Tokenizer) -
     tmp.replace(path)  # atomic: a kill mid-save never leaves a broken checkpoint
 
 
+def read_families(path: pathlib.Path) -> list[str]:
+    """The corpus family of each line of a `.source` file (`hsk/level3` -> `hsk`)."""
+    return [line.split("/")[0] for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def dev_sets(corpus: pathlib.Path, tokenizer: Tokenizer, opts: TrainOptions) -> dict[str, list]:
+    """Dev examples by role: "all", and "select" (the families that choose best.pt) when they are named."""
+    pairs = read_pairs(corpus / "dev.tsv")
+    sets = {"all": make_examples(pairs, tokenizer, opts.max_tokens)}
+    if opts.select_families:
+        families = read_families(corpus / "dev.source")
+        chosen = [pair for pair, family in zip(pairs, families) if family in opts.select_families]
+        if not chosen:
+            raise ValueError(f"the dev split has no pairs of {', '.join(opts.select_families)}")
+        sets["select"] = make_examples(chosen, tokenizer, opts.max_tokens)
+    return sets
+
+
 def train(
     corpus: pathlib.Path,
     run: pathlib.Path,
@@ -188,13 +217,12 @@ def train(
     train_pairs = read_pairs(corpus / "train.tsv")
     tokenizer = load_or_train_tokenizer(run, train_pairs, opts.vocab_size, tokenizer_file)
     if opts.upsample:
-        families = [line.split("/")[0] for line in (corpus / "train.source").read_text().splitlines()]
-        train_pairs = upsample_pairs(train_pairs, families, dict(opts.upsample))
+        train_pairs = upsample_pairs(train_pairs, read_families(corpus / "train.source"), dict(opts.upsample))
     examples = make_examples(train_pairs, tokenizer, opts.max_tokens)
-    dev_examples = make_examples(read_pairs(corpus / "dev.tsv"), tokenizer, opts.max_tokens)
-    log.info("train examples %d (both directions), dev %d", len(examples), len(dev_examples))
+    dev = dev_sets(corpus, tokenizer, opts)
+    log.info("train examples %d (both directions), dev %s", len(examples), {k: len(v) for k, v in dev.items()})
 
-    model = build_model(arch, {"vocab_size": tokenizer.get_vocab_size(), **model_cfg})
+    model = build_model(arch, {"vocab_size": tokenizer.get_vocab_size(), **model_cfg}).to(opts.device)
     cfg = model.cfg
     optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0)
     state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "tokens": 0, "seconds": 0.0, "best_dev": float("inf")}
@@ -213,23 +241,35 @@ def train(
         log.info("resumed at step %d (%d target tokens seen)", state["step"], state["tokens"])
     state["examples"] = len(examples)
     # Each invocation is a phase; the model card lists them (e.g. a final phase with upsampled sentences).
-    state.setdefault("phases", []).append({"start_step": state["step"], "upsample": dict(opts.upsample)})
+    state.setdefault("phases", []).append(
+        {"start_step": state["step"], "upsample": dict(opts.upsample), "device": device_name(opts.device)}
+    )
     log.info("model: %s, %.2fM parameters", cfg, sum(p.numel() for p in model.parameters()) / 1e6)
-    run_epochs(model, optimizer, examples, dev_examples, tokenizer, state, run, minutes, opts)
+    run_epochs(model, optimizer, examples, dev, tokenizer, state, run, minutes, opts)
 
 
-def run_epochs(model, optimizer, examples, dev_examples, tokenizer, state, run, minutes, opts) -> None:
+def device_name(device: str) -> str:
+    """What the model card says the run trained on."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def run_epochs(model, optimizer, examples, dev, tokenizer, state, run, minutes, opts) -> None:
     model.train()
     deadline = time.monotonic() + minutes * 60
     next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
+    recent: list[dict] = []  # the last checkpoints' weights, for averaged.pt
     while time.monotonic() < deadline:
         batches = make_batches(examples, opts.batch_tokens, random.Random(opts.seed + state["epoch"]))
-        progress = tqdm(batches[state["batch_in_epoch"] :], desc=f"epoch {state['epoch']}", mininterval=30)
-        for indices in progress:
+        remaining = batches[state["batch_in_epoch"] :]
+        progress = tqdm(total=len(remaining), desc=f"epoch {state['epoch']}", mininterval=30)
+        for batch in prefetched(lambda indices: collate(examples, indices), remaining, opts.device):
+            progress.update()
             started = time.monotonic()
             for group in optimizer.param_groups:
                 group["lr"] = inverse_sqrt(state["step"] + 1, opts)
-            loss, n = loss_on(model, collate(examples, indices), opts.label_smoothing)
+            loss, n = loss_on(model, batch, opts.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             (loss / n).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -245,7 +285,7 @@ def run_epochs(model, optimizer, examples, dev_examples, tokenizer, state, run, 
                     state["tokens"], state["tokens"] / max(state["seconds"], 1e-9),
                 )
             if time.monotonic() >= next_checkpoint or time.monotonic() >= deadline:
-                checkpoint(model, optimizer, dev_examples, tokenizer, state, run, opts)
+                checkpoint(model, optimizer, dev, tokenizer, state, run, opts, recent)
                 next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
             if time.monotonic() >= deadline:
                 return
@@ -253,13 +293,42 @@ def run_epochs(model, optimizer, examples, dev_examples, tokenizer, state, run, 
         state["batch_in_epoch"] = 0
 
 
-def checkpoint(model, optimizer, dev_examples, tokenizer, state, run, opts) -> None:
-    loss = dev_loss(model, dev_examples, opts.batch_tokens)
-    log.info("step %d dev loss %.3f (best %.3f)", state["step"], loss, state["best_dev"])
+def prefetched(make_batch, items, device: str, depth: int = 4):
+    """Yields make_batch(item) for each item, moved to `device`; on a GPU the next few are built on a thread
+    meanwhile, so padding in Python does not leave the accelerator idle."""
+    if device == "cpu":
+        yield from map(make_batch, items)
+        return
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = collections.deque(pool.submit(make_batch, item) for item in items[:depth])
+        for item in items[depth:]:
+            batch = pending.popleft().result()
+            pending.append(pool.submit(make_batch, item))
+            yield tuple(t.to(device, non_blocking=True) for t in batch)
+        while pending:
+            yield tuple(t.to(device, non_blocking=True) for t in pending.popleft().result())
+
+
+def checkpoint(model, optimizer, dev, tokenizer, state, run, opts, recent: list[dict]) -> None:
+    losses = {role: dev_loss(model, examples, opts.batch_tokens, opts.device) for role, examples in dev.items()}
+    loss = losses.get("select", losses["all"])
+    log.info("step %d dev loss %s (best %.3f)", state["step"], {k: round(v, 3) for k, v in losses.items()},
+             state["best_dev"])
+    state.setdefault("dev_history", []).append({"step": state["step"], **losses})
     if loss < state["best_dev"]:
         state["best_dev"] = loss
+        state["best_step"] = state["step"]
         save_checkpoint(run / "best.pt", model, optimizer, state, tokenizer)
     save_checkpoint(run / "last.pt", model, optimizer, state, tokenizer)
+    if opts.average_last > 1:
+        recent.append({k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()})
+        del recent[: -opts.average_last]
+        averaged = {k: sum(weights[k] for weights in recent) / len(recent) for k in recent[0]}
+        torch.save(
+            {"model": averaged, **checkpoint_fields(model), "tokenizer": tokenizer.to_str(),
+             "state": {**state, "averaged_checkpoints": len(recent)}},
+            run / "averaged.pt",
+        )
 
 
 def main() -> None:
@@ -282,6 +351,14 @@ def main() -> None:
     parser.add_argument("--attention", choices=ATTENTION_SCORES, default="additive", help="recurrent: score")
     parser.add_argument("--batch-tokens", type=int, default=TrainOptions.batch_tokens)
     parser.add_argument("--lr", type=float, default=TrainOptions.lr)
+    parser.add_argument("--warmup-steps", type=int, default=TrainOptions.warmup_steps)
+    parser.add_argument("--vocab-size", type=int, default=TrainOptions.vocab_size)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (bf16 autocast)")
+    parser.add_argument("--checkpoint-minutes", type=float, default=TrainOptions.checkpoint_minutes)
+    parser.add_argument("--select", default="", metavar="FAMILY,...",
+                        help="dev families whose loss chooses best.pt (default: the whole dev split), e.g. hsk,cedict")
+    parser.add_argument("--average-last", type=int, default=0, metavar="N",
+                        help="also write averaged.pt, the mean of the last N checkpoints' weights")
     parser.add_argument(
         "--upsample", action="append", default=[], metavar="FAMILY=N",
         help="repeat a corpus family's training pairs N times (families as in train.source), e.g. hsk=5",
@@ -312,7 +389,13 @@ def main() -> None:
             "attention": args.attention,
         }
     upsample = tuple((family, int(n)) for family, _, n in (u.partition("=") for u in args.upsample))
-    opts = TrainOptions(batch_tokens=args.batch_tokens, lr=args.lr, upsample=upsample)
+    opts = TrainOptions(
+        batch_tokens=args.batch_tokens, lr=args.lr, warmup_steps=args.warmup_steps, vocab_size=args.vocab_size,
+        upsample=upsample, device=args.device, checkpoint_minutes=args.checkpoint_minutes,
+        select_families=tuple(f for f in args.select.split(",") if f), average_last=args.average_last,
+    )
+    if args.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
     train(args.corpus, args.run, args.minutes, args.arch, model_cfg, opts, args.tokenizer)
 
 

@@ -1,19 +1,21 @@
-"""Dynamic batching: requests that arrive close together share one encoder call and the decode steps.
+"""Dynamic batching: a bounded queue per model and the worker thread that serves it.
 
-One worker thread per model takes the first queued request, waits up to a short window for more (never
-past `max_batch_size`), and hands the group to a processor that yields each request's outcome as soon as it
-is known, so a request that finishes early is answered while the rest of its batch continues. If the
-processor raises, the requests it had not answered are retried one at a time, so only the bad one fails.
+By default (`BatchingOptions.continuous`) the worker hands itself to a loop the engine supplies (continuous
+batching, server/continuous.py), which takes queued items at every decode step boundary with `take` and
+answers them with `resolve`: a request joins the running batch at the next step and never waits for a
+window, even when it arrives at an idle worker.
+
+With `continuous=None` the worker runs windowed batches instead: it takes the first queued request, waits up
+to a short window for more (never past `max_batch_size`), and hands the group to a processor that yields
+each request's outcome as soon as it is known, so a request that finishes early is answered while the rest
+of its batch continues. If the processor raises, the requests it had not answered are retried one at a time,
+so only the bad one fails. (The continuous loop uses the same path to retry requests alone.)
 
 A caller may cancel an item. A queued item is dropped before it runs; a running one is marked
 `cancelled`, and the processor, which checks the mark between its steps, ends it with CancelledError
 while its neighbours go on.
 
-With `BatchingOptions.continuous` set, the worker instead hands itself to a loop the engine supplies
-(continuous batching, server/continuous.py), which takes queued items at every decode step boundary with
-`take` and answers them with `resolve`; no window is waited out.
-
-The batcher knows nothing about models: the engine supplies the processor.
+The batcher knows nothing about models: the engine supplies the processor and the loop.
 """
 
 from __future__ import annotations
@@ -25,27 +27,27 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import CancelledError, Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attnserve.server.generation import OverloadedError, UnavailableError
-
-if TYPE_CHECKING:
-    from attnserve.server.scheduler import SchedulingOptions
+from attnserve.server.scheduler import SchedulingOptions
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchingOptions:
-    # Most requests that share one batch.
+    # Most requests that start together: encoded in one encoder call (continuous: admitted at one step
+    # boundary; windowed: one batch).
     max_batch_size: int = 16
-    # How long the worker waits, after a batch's first request arrived, for others to join it.
+    # Windowed batches only: how long the worker waits, after a batch's first request arrived, for others
+    # to join it. Continuous batching never waits for a window.
     window_seconds: float = 0.005
     # Requests waiting beyond the running batch; one more raises OverloadedError.
     max_queue_size: int = 256
-    # Experimental: admit requests into the running batch at every step (continuous batching) with these
-    # limits; None = the windowed batches above.
-    continuous: SchedulingOptions | None = None
+    # Continuous batching (requests join the running batch at every decode step) with these row and
+    # fairness limits; None = windowed batches (requests join a batch only when it starts).
+    continuous: SchedulingOptions | None = SchedulingOptions()
 
     def __post_init__(self):
         if self.max_batch_size < 1:
@@ -105,9 +107,12 @@ class Batcher:
     """A bounded queue and one worker thread that runs queued items in dynamic batches.
 
     Args:
-        process: runs a group of items as one batch (see `Processor`).
+        process: runs a group of items as one batch (see `Processor`): the windowed batches, and the
+            continuous loop's retries of single items.
         options: window, batch size and queue bound.
         name: used for the thread name and logs.
+        loop: serves the queue instead of windowed batches (the engine's continuous batching loop, given
+            when `options.continuous` is set); None = windowed batches.
     """
 
     def __init__(
@@ -118,7 +123,7 @@ class Batcher:
         loop: Callable[[Batcher], None] | None = None,
     ):
         self._process = process
-        self._loop = loop  # runs the worker instead of windowed batches (continuous batching)
+        self._loop = loop
         self.options = options
         self.name = name
         self._queue: collections.deque[WorkItem] = collections.deque()

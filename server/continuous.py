@@ -1,10 +1,11 @@
 """Continuous (iteration-level) batching: the worker loop that admits requests at every step boundary.
 
-Replaces the windowed batches of server/batcher.py when `BatchingOptions.continuous` is set. Each round:
-take what fits from the queue (waiting only when nothing runs), encode the newcomers together (one group
-per beam size) and merge them into the foreground lane, then take one decoder step in each lane
-(server/lane.py; which lanes and who is admitted is server/scheduler.py's policy). Every request is
-answered in the step it finishes, fails or is cancelled; its rows leave at the next step.
+The default worker loop (`BatchingOptions.continuous`; None there selects server/batcher.py's windowed
+batches instead). Each round: take what fits from the queue (waiting only when nothing runs, and then only
+for a first request, never for a window), encode the newcomers together (one group per beam size) and
+merge them into the foreground lane, then take one decoder step in each lane (server/lane.py; which lanes
+and who is admitted is server/scheduler.py's policy). Every request is answered in the step it finishes,
+fails or is cancelled; its rows leave at the next step.
 
 A failed encoder call or step reruns the affected requests one at a time through the windowed path, so
 only the bad one fails (with the error it raises: INTERNAL at the service).
@@ -61,7 +62,7 @@ class ContinuousLoop:
 
     def run(self, batcher: Batcher) -> None:
         """Serves the batcher's queue until it is closed and everything admitted has finished."""
-        self.scheduler = Scheduler(batcher.options.continuous)
+        self.scheduler = Scheduler(batcher.options.continuous, batcher.options.max_batch_size)
         while self._round(self.scheduler, batcher):
             pass
 

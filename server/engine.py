@@ -4,8 +4,9 @@
 input kind's preprocessor decodes the input there too) and returns a future; the model's batcher thread
 runs the ONNX Runtime calls and resolves it, streaming each token (with its attention row) to an optional
 callback on the way. `ModelEngine.cancel` ends a request early: a queued one never runs, a running one
-leaves its batch after the current decode step. With `BatchingOptions.continuous` the worker runs
-server/continuous.py's loop instead of windowed batches; both build results with this engine's methods.
+leaves its batch after the current decode step. The worker runs server/continuous.py's loop (continuous
+batching, `BatchingOptions.continuous`, the default) or, with `continuous=None`, windowed batches through
+`_process`; both build results with this engine's methods.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class ModelEngine:
         model: the repository's version folder and manifest.
         runtime: the model's sessions (already checked against the manifest).
         tokenizer: the model's tokenizer (of its output; text models read their input with it too).
-        batching: window, batch size and queue bound of this model's batcher.
+        batching: batching mode, batch size, window and queue bound of this model's batcher.
         preprocessor: reads the model's input kind; None = the one its manifest names.
     """
 

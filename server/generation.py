@@ -193,7 +193,7 @@ class Timings:
     first_token_seconds: float  # accepted -> first output token
     decode_seconds: float  # first decode step -> finished
     total_seconds: float  # accepted -> result ready
-    batch_size: int  # requests that shared its encoder call
+    batch_size: int  # most requests that shared a decoder call with it (itself included)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,6 +243,7 @@ class ImageInputInfo:
     grid_rows: int  # the encoder's grid of cells: one attention column per cell
     grid_cols: int
     max_bytes: int  # largest accepted image file
+    max_pixels: int  # most pixels an image header may declare (decompression bombs are refused)
 
 
 @dataclasses.dataclass(frozen=True)

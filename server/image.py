@@ -159,7 +159,7 @@ class ImagePreprocessor(Preprocessor):
 
     def describe(self, info: ModelInfo) -> ModelInfo:
         s = self.spec
-        image = ImageInputInfo(s.width, s.height, s.grid_rows, s.grid_cols, s.max_bytes)
+        image = ImageInputInfo(s.width, s.height, s.grid_rows, s.grid_cols, s.max_bytes, s.max_pixels)
         return dataclasses.replace(info, input_kind=self.kind, max_source_tokens=s.grid_rows * s.grid_cols, image=image)
 
 

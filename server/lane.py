@@ -10,11 +10,12 @@ position, self-attention mask and source length, so a row computes what it would
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnserve.server.decoding import Batch, DecodeStrategy, StepEvents
+if TYPE_CHECKING:  # lanes only call batches and strategies they are handed
+    from attnserve.server.decoding import Batch, DecodeStrategy, StepEvents
 
 
 @dataclasses.dataclass(eq=False)

@@ -75,7 +75,7 @@ DECODE_STEP_DURATION = prometheus_client.Histogram(
 )
 BATCH_SIZE = prometheus_client.Histogram(
     "attnserve_batch_size",
-    "Requests that shared a request's encoder call.",
+    "Most requests that shared a decoder call with a request (itself included).",
     ["model"],
     buckets=_BATCH_BUCKETS,
 )

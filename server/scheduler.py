@@ -1,7 +1,8 @@
 """Which rows run next: admission at every step boundary, a bound on rows in flight, and fairness.
 
 Requests join the *foreground* lane at the next step boundary while its rows fit under `max_rows` (a
-request wider than the limit runs only on an empty lane). A group that has spent more than its fair share
+request wider than the limit runs only on an empty lane), at most `max_admit` at one boundary (the
+batcher's `max_batch_size`: those are encoded together). A group that has spent more than its fair share
 (rows x steps) is moved, when a queued request does not fit, to the *background* lane; the two lanes take
 one decoder step each in turn, so an expensive beam search keeps going while cheap requests keep flowing
 past it instead of waiting for it to end. Nothing here touches the model: lanes and their batches do.
@@ -21,20 +22,26 @@ class SchedulingOptions:
     max_rows: int = 64
     # Rows x steps a group may spend before it yields its place in the foreground to queued requests.
     fair_share_row_steps: int = 512
-    # Most requests encoded together when admitted at one step boundary.
-    max_admit: int = 16
 
     def __post_init__(self):
-        for name in ("max_rows", "fair_share_row_steps", "max_admit"):
+        for name in ("max_rows", "fair_share_row_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SchedulingOptions.{name} must be >= 1, got {getattr(self, name)}")
 
 
 class Scheduler:
-    """The running lanes and the policy that fills them."""
+    """The running lanes and the policy that fills them.
 
-    def __init__(self, options: SchedulingOptions = SchedulingOptions()):
+    Args:
+        options: the bound on rows and the fairness budget.
+        max_admit: most requests admitted (and encoded together) at one step boundary.
+    """
+
+    def __init__(self, options: SchedulingOptions, max_admit: int):
+        if max_admit < 1:
+            raise ValueError(f"Scheduler max_admit must be >= 1, got {max_admit}")
         self.options = options
+        self.max_admit = max_admit
         self.foreground = Lane()
         self.background = Lane()
 
@@ -61,7 +68,7 @@ class Scheduler:
         taken = [0, 0]  # rows, requests accepted by this predicate so far
 
         def fits(rows: int) -> bool:
-            if taken[1] >= self.options.max_admit or not self._fits(self.foreground.rows + taken[0], rows):
+            if taken[1] >= self.max_admit or not self._fits(self.foreground.rows + taken[0], rows):
                 return False
             taken[0] += rows
             taken[1] += 1

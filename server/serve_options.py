@@ -12,6 +12,10 @@ import dataclasses
 from attnserve.server import convert, logging_setup
 
 LOOPBACK = "127.0.0.1"
+# How a worker batches requests: "continuous" admits them into the running batch at every decode step
+# (server/continuous.py); "window" waits --batch-window-ms for a batch to fill, and a batch admits no one
+# once it runs (server/batcher.py).
+BATCHING_MODES = ("continuous", "window")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,8 +25,10 @@ class ServeOptions:
     port: int = convert.DEFAULT_PORT
     device: str = "cpu"  # "cpu" or "cuda"
     threads: int = 1  # ONNX Runtime intra-op threads per model
-    max_batch_size: int = 16  # most requests that share one encoder/decoder call
-    batch_window_ms: float = 5.0  # how long a worker waits for more requests before running a batch
+    batching: str = "continuous"  # one of BATCHING_MODES
+    # Most requests that start together in one encoder call: admitted at one step, or one windowed batch.
+    max_batch_size: int = 16
+    batch_window_ms: float = 5.0  # --batching window: how long a worker waits for more requests
     max_queue_size: int = 256  # requests waiting per model beyond its running batch; more are RESOURCE_EXHAUSTED
     metrics_port: int | None = None  # serve Prometheus /metrics over HTTP; None = don't
     # Interface of the metrics listener. Loopback by default, whatever --host says: metrics name the models
@@ -31,9 +37,6 @@ class ServeOptions:
     grace_seconds: float = 10.0  # how long in-flight requests may finish after a shutdown signal
     # Bytes of requests handled at once (audio and images are the big ones); more are RESOURCE_EXHAUSTED.
     max_inflight_request_mb: float = 256.0
-    # Experimental: admit requests into the running batch at every decode step (continuous batching,
-    # server/scheduler.py); --max-batch-size then bounds the requests admitted at one step.
-    continuous_batching: bool = False
     skip_broken_models: bool = False  # serve the healthy models when some fail to load (those: NOT_SERVING)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the port speaks TLS only
     tls_key: str | None = None  # PEM private key
@@ -70,6 +73,8 @@ def _problems(o: ServeOptions):
         yield "--tls-cert and --tls-key go together: give both or neither"
     if o.tls_client_ca is not None and o.tls_cert is None:
         yield "--tls-client-ca needs --tls-cert and --tls-key (client certificates are checked over TLS)"
+    if o.batching not in BATCHING_MODES:
+        yield f"--batching {o.batching!r} is not one of {', '.join(BATCHING_MODES)}"
     if o.device not in ("cpu", "cuda"):
         yield f"--device {o.device!r} is not cpu or cuda"
     if o.log_level not in logging_setup.LEVELS:
@@ -85,8 +90,25 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--port": ("port", dict(type=int, help="gRPC port (default: %(default)s)")),
     "--device": ("device", dict(choices=["cpu", "cuda"], help="(default: %(default)s)")),
     "--threads": ("threads", dict(type=int, help="ONNX Runtime threads per model (default: %(default)s)")),
-    "--max-batch-size": ("max_batch_size", dict(type=int, help="(default: %(default)s)")),
-    "--batch-window-ms": ("batch_window_ms", dict(type=float, help="(default: %(default)s)")),
+    "--batching": (
+        "batching",
+        dict(choices=BATCHING_MODES, help="continuous: requests join the running batch at every decode step; "
+             "window: they wait --batch-window-ms for a batch to fill (default: %(default)s)"),
+    ),
+    # The flag of the releases where continuous batching was opt-in, still accepted.
+    "--continuous-batching": (
+        "batching",
+        dict(action="store_const", const="continuous", help=argparse.SUPPRESS),
+    ),
+    "--max-batch-size": (
+        "max_batch_size",
+        dict(type=int, help="most requests encoded together, admitted at one step or batched in one window "
+             "(default: %(default)s)"),
+    ),
+    "--batch-window-ms": (
+        "batch_window_ms",
+        dict(type=float, help="--batching window: how long a batch waits to fill (default: %(default)s)"),
+    ),
     "--max-queue-size": (
         "max_queue_size",
         dict(type=int, help="requests waiting per model; more are RESOURCE_EXHAUSTED (default: %(default)s)"),
@@ -103,10 +125,6 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--max-inflight-request-mb": (
         "max_inflight_request_mb",
         dict(type=float, help="MiB of requests handled at once; more are RESOURCE_EXHAUSTED (default: %(default)s)"),
-    ),
-    "--continuous-batching": (
-        "continuous_batching",
-        dict(action="store_true", help="experimental: admit requests into running batches at every step"),
     ),
     "--skip-broken-models": (
         "skip_broken_models",

@@ -7,11 +7,12 @@ sys.path, as it has no __init__.py).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import pathlib
 import threading
 
-from attnserve.server import generation
+from attnserve.server import generation, serve_options
 from attnserve.server.generation import GenerationResult, ModelInfo, StreamedToken, Token
 
 WAIT = 30  # seconds; only guards against hangs, never measures anything
@@ -197,6 +198,58 @@ def recording_engine(repository: pathlib.Path, name: str, batching=None):
     runtime = RecordingRuntime(open_runtime(version), mask)
     tokenizer = Tokenizer.from_manifest(version.path, manifest)
     return ModelEngine(version, runtime, tokenizer, batching or BatchingOptions()), runtime
+
+
+# ---- starting requests together, in either batching mode -----------------------------------------------
+
+# The worker modes of `BatchingOptions` (`--batching`), for tests whose claim holds for both: continuous
+# batching (the default) and windowed batches.
+BATCHING_MODES = serve_options.BATCHING_MODES
+
+
+def batching(mode: str, max_batch_size: int = 16):
+    """BatchingOptions of one of BATCHING_MODES in which what `held` queues starts together.
+
+    The windowed mode waits for no window: the requests queued while the worker was held are all there
+    when it takes its next batch, so they fill it up to `max_batch_size` at once.
+    """
+    from attnserve.server.batcher import BatchingOptions
+
+    if mode == "window":
+        return BatchingOptions(max_batch_size, window_seconds=0.0, continuous=None)
+    return BatchingOptions(max_batch_size)
+
+
+@contextlib.contextmanager
+def held(engine, gate: generation.GenerationRequest):
+    """Holds the engine's worker while the block runs; what the block submits starts together after it.
+
+    The worker is held inside the token callback of `gate`, cut to one token, so nothing else runs and
+    everything submitted meanwhile waits in the queue. Released, the worker takes the queue at once: as
+    one windowed batch or, under continuous batching, admitted at one step boundary and encoded together
+    (up to max_batch_size either way), while the gate has already left.
+    """
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(token):
+        entered.set()
+        assert release.wait(WAIT), "the worker was held and never released"
+
+    one = generation.DecodingOptions(max_new_tokens=1, min_new_tokens=1)  # one token: one callback
+    future = engine.submit(dataclasses.replace(gate, decoding=one, attention=generation.AttentionOptions()), hold)
+    try:
+        assert entered.wait(WAIT), "the gate request never streamed its token"
+        yield
+    finally:
+        release.set()
+    assert len(future.result(WAIT).tokens) == 1
+
+
+def submit_together(engine, requests, on_tokens=None) -> list[concurrent.futures.Future]:
+    """Submits `requests` (with their token callbacks) so that they start together; returns their futures."""
+    on_tokens = on_tokens or [None] * len(requests)
+    with held(engine, requests[0]):
+        return [engine.submit(request, on_token) for request, on_token in zip(requests, on_tokens)]
 
 
 # Requests of mixed source lengths and both directions, shared by the decoding and engine tests, with the

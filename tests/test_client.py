@@ -167,7 +167,7 @@ def test_model_info_round_trips():
     "kind_fields",
     [
         {"input_kind": generation.InputKind.AUDIO, "audio": generation.AudioInputInfo(16000, 30.0, 1 << 24, 0.04)},
-        {"input_kind": generation.InputKind.IMAGE, "image": generation.ImageInputInfo(224, 224, 7, 7, 1 << 23)},
+        {"input_kind": generation.InputKind.IMAGE, "image": generation.ImageInputInfo(224, 224, 7, 7, 1 << 23, 1 << 24)},
     ],
     ids=["audio", "image"],
 )

@@ -1,8 +1,11 @@
-"""Continuous batching (BatchingOptions.continuous): requests join a running batch at a step boundary.
+"""Continuous batching (BatchingOptions.continuous, the default): requests join a running batch at a step
+boundary.
 
 The decisive comparison: a request admitted mid-flight gives what it gives alone (the windowed path, one
-request per batch), on the Transformer (appended K/V cache) and on recurrent and speech models (replaced
-state). Late arrivals are made late by the running request's own token callback, not by sleeping.
+request per batch), on the Transformer (appended K/V cache) and on the recurrent translator, the speech
+recognizer and the image captioner (replaced state; the speller's along the source axis too), with greedy,
+beam and sampled search, streamed or not, next to a request that is cancelled or whose deadline passes.
+Late arrivals are made late by the running request's own token callback, not by sleeping.
 """
 
 from __future__ import annotations
@@ -15,30 +18,52 @@ import pytest
 
 from attnserve.server.batcher import BatchingOptions
 from attnserve.server.engine import load_engine
-from attnserve.server.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
+from attnserve.server.generation import (
+    AttentionOptions,
+    AudioInput,
+    DecodingOptions,
+    GenerationRequest,
+    ImageInput,
+    SamplingOptions,
+)
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.server.scheduler import SchedulingOptions
 from conftest import TINY_MODEL_NAME, TINY_SPEECH_NAME
-from fakes import MIXED_TEXTS, WAIT
+from fakes import MIXED_TEXTS, WAIT, recording_engine
 
-CONTINUOUS = BatchingOptions(continuous=SchedulingOptions())
+CONTINUOUS = BatchingOptions()  # the default
 FAIR = 16
-ALONE = BatchingOptions(max_batch_size=1, window_seconds=0.0)
+ALONE = BatchingOptions(max_batch_size=1, window_seconds=0.0, continuous=None)
+IMAGE_MAX_NEW = 6  # the tiny captioner's limit
 
 
-def text(model: str, i: int, beam: int = 1, new: int = 20, at_least: int = 0) -> GenerationRequest:
+def decoding(new: int, beam: int, at_least: int, seed: int | None) -> DecodingOptions:
+    sampling = None if seed is None else SamplingOptions(temperature=1.5, top_k=20, seed=seed)
+    return DecodingOptions(new, beam, min_new_tokens=at_least, sampling=sampling)
+
+
+def text(model: str, i: int, beam: int = 1, new: int = 20, at_least: int = 0, seed=None) -> GenerationRequest:
     return GenerationRequest(
-        model, MIXED_TEXTS[i], ["en", "zh-TW"][i % 2], DecodingOptions(new, beam, min_new_tokens=at_least),
+        model, MIXED_TEXTS[i], ["en", "zh-TW"][i % 2], decoding(new, beam, at_least, seed),
         AttentionOptions(enabled=True),
     )
 
 
-def speech(i: int, beam: int = 1, new: int = 8, at_least: int = 0) -> GenerationRequest:
+def speech(i: int, beam: int = 1, new: int = 8, at_least: int = 0, seed=None) -> GenerationRequest:
     from test_speech import wav
 
     return GenerationRequest(TINY_SPEECH_NAME, audio=AudioInput(wav=wav(i)), attention=AttentionOptions(True),
-                             decoding=DecodingOptions(new, beam, min_new_tokens=at_least))
+                             decoding=decoding(new, beam, at_least, seed))
+
+
+def image(i: int, beam: int = 1, new: int = 8, at_least: int = 0, seed=None) -> GenerationRequest:
+    from test_image import image_file
+    from tiny_image import NAME
+
+    new = min(new, IMAGE_MAX_NEW)
+    return GenerationRequest(NAME, image=ImageInput(image_file(i)), attention=AttentionOptions(True),
+                             decoding=decoding(new, beam, min(at_least, new), seed))
 
 
 def engines(repo, name, options=CONTINUOUS):
@@ -53,14 +78,19 @@ def assert_same(result, alone):
     assert [s.text for s in result.nbest] == [s.text for s in alone.nbest]
 
 
-def submit_after(engine, trigger, late, tokens: int):
-    """Submits `trigger`, and `late` from its token callback once it has streamed `tokens` tokens."""
+def submit_after(engine, trigger, late, tokens: int, streams=None):
+    """Submits `trigger`, and `late` from its token callback once it has streamed `tokens` tokens.
+
+    Args:
+        streams: None, or a list per late request that its streamed tokens are appended to.
+    """
     arrived, late_futures, seen = threading.Event(), [], []
+    callbacks = [None] * len(late) if streams is None else [stream.append for stream in streams]
 
     def on_token(token):
         seen.append(token)
         if len(seen) == tokens:
-            late_futures.extend(engine.submit(r) for r in late)
+            late_futures.extend(engine.submit(r, on) for r, on in zip(late, callbacks))
             arrived.set()
 
     first = engine.submit(trigger, on_token)
@@ -77,11 +107,20 @@ def recurrent_repo(tmp_path_factory, tiny_tokenizer):
     return repo, NAME
 
 
-@pytest.fixture(params=["transformer", "recurrent", "speech"])
-def model(request, tiny_model_repo, tiny_speech_repo, recurrent_repo):
+@pytest.fixture(scope="module")
+def image_repo(tmp_path_factory):
+    from tiny_image import NAME, captioner, export_repo
+
+    return export_repo(captioner(), tmp_path_factory.mktemp("continuous_image")), NAME
+
+
+@pytest.fixture(params=["transformer", "recurrent", "speech", "image"])
+def model(request, tiny_model_repo, tiny_speech_repo, recurrent_repo, image_repo):
     """(continuous engine, windowed one-at-a-time engine, request maker) of each architecture."""
     if request.param == "speech":
         pair, make = engines(tiny_speech_repo, TINY_SPEECH_NAME), speech
+    elif request.param == "image":
+        pair, make = engines(*image_repo), image
     else:
         repo, name = (tiny_model_repo, TINY_MODEL_NAME) if request.param == "transformer" else recurrent_repo
         pair = engines(repo, name)
@@ -91,18 +130,45 @@ def model(request, tiny_model_repo, tiny_speech_repo, recurrent_repo):
         engine.close()
 
 
-@pytest.mark.parametrize("beam", [1, 3])
-def test_a_request_admitted_mid_flight_equals_it_alone(model, beam):
+# Search -> (beam size, sampling seeds) of the first two late requests; the third is always greedy.
+SEARCHES = {"greedy": (1, (None, None)), "beam": (3, (None, None)), "sampled": (1, (7, 8))}
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_a_request_admitted_mid_flight_equals_it_alone(model, search):
     continuous, alone, make = model
+    beam, seeds = SEARCHES[search]
     trigger = make(0, new=8, at_least=8)  # greedy, streams: its callback lets the late ones in
-    late = [make(1, beam=beam), make(2, beam=beam), make(3)]
-    first, futures = submit_after(continuous, trigger, late, tokens=3)
+    late = [make(1, beam=beam, seed=seeds[0]), make(2, beam=beam, seed=seeds[1]), make(3)]
+    streams = [[] for _ in late]
+    first, futures = submit_after(continuous, trigger, late, tokens=3, streams=streams)
     results = [f.result(WAIT) for f in futures]
     assert_same(first.result(WAIT), alone.generate(trigger, WAIT))
-    for request, result in zip(late, results):
+    for request, result, stream in zip(late, results, streams):
         assert_same(result, alone.generate(request, WAIT))
-    # They ran beside the trigger, which had 5 more tokens to go when they were submitted.
+        assert [event.token for event in stream] == result.tokens  # streamed == unary
+        np.testing.assert_allclose([event.attention for event in stream], result.attention.weights, atol=1e-6)
+    # They ran beside the trigger, which had more tokens to go when they were submitted.
     assert max(r.timings.batch_size for r in results) >= 2
+
+
+def test_a_request_cancelled_mid_flight_leaves_its_neighbours_as_they_are_alone(model):
+    continuous, alone, make = model
+    trigger, other, holder = make(0, new=8, at_least=8), make(1), {}
+
+    def admit(token):  # the trigger's callback, on the worker: the late requests join at the next step
+        if token.index == 2:
+            holder["victim"] = continuous.submit(make(2, new=8, at_least=8), cancel_self)
+            holder["other"] = continuous.submit(other)
+
+    def cancel_self(token):  # the victim cancels itself once it has run one step beside the others
+        continuous.cancel(holder["victim"])
+
+    first = continuous.submit(trigger, admit)
+    assert_same(first.result(WAIT), alone.generate(trigger, WAIT))
+    with pytest.raises(CancelledError):
+        holder["victim"].result(WAIT)
+    assert_same(holder["other"].result(WAIT), alone.generate(other, WAIT))
 
 
 def test_greedy_and_beam_rows_of_different_ages_share_decoder_calls(tiny_model_repo):
@@ -176,31 +242,48 @@ def test_cancelling_a_running_request_frees_its_row_within_one_step(tiny_model_r
 def test_admission_bounds_rows_but_never_blocks_an_empty_lane():
     from attnserve.server.scheduler import Scheduler
 
-    fits = Scheduler(SchedulingOptions(max_rows=8, max_admit=3)).admission()
+    fits = Scheduler(SchedulingOptions(max_rows=8), max_admit=3).admission()
     assert [fits(rows) for rows in (16, 1)] == [True, False]  # wider than the limit: alone, on an empty lane
-    fits = Scheduler(SchedulingOptions(max_rows=8, max_admit=3)).admission()
+    fits = Scheduler(SchedulingOptions(max_rows=8), max_admit=3).admission()
     assert [fits(rows) for rows in (4, 4, 1)] == [True, True, False]  # full
-    fits = Scheduler(SchedulingOptions(max_rows=64, max_admit=3)).admission()
+    fits = Scheduler(SchedulingOptions(max_rows=64), max_admit=3).admission()
     assert [fits(1) for _ in range(4)] == [True, True, True, False]  # at most max_admit per step
 
 
-def test_served_over_grpc_streamed_equals_unary_equals_the_windowed_server(tiny_model_repo, tiny_server):
-    from concurrent.futures import ThreadPoolExecutor
-
-    from attnserve.clients.client import Client, translation_request
-    from attnserve.server import app, serve_options
+def parse_serve_flags(*flags: str):
+    from attnserve.server import serve_options
 
     parser = __import__("argparse").ArgumentParser()
     serve_options.add_arguments(parser)
-    options = serve_options.from_args(parser.parse_args(["--models", str(tiny_model_repo), "--continuous-batching"]))
-    assert options.continuous_batching
+    return serve_options.from_args(parser.parse_args(list(flags)))
+
+
+def test_serve_batches_continuously_unless_told_to_use_the_window():
+    from attnserve.server.serve_options import ServeOptions
+
+    assert parse_serve_flags().batching == "continuous"
+    assert parse_serve_flags("--batching", "window").batching == "window"
+    assert parse_serve_flags("--continuous-batching").batching == "continuous"  # the earlier opt-in, still accepted
+    with pytest.raises(SystemExit):
+        parse_serve_flags("--batching", "static")
+    with pytest.raises(ValueError, match="--batching 'static' is not one of continuous, window"):
+        ServeOptions(batching="static")
+
+
+def test_served_over_grpc_streamed_equals_unary_equals_the_windowed_server(tiny_model_repo):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from attnserve.clients.client import Client, translation_request
+    from attnserve.server import app
+
     requests = [translation_request(t, attention=True, granularity="pieces", model=TINY_MODEL_NAME,
                                     beam_size=1 + i % 3, max_new_tokens=12) for i, t in enumerate(MIXED_TEXTS)]
-    windowed, _ = tiny_server
-    engines = app.load_engines(options)
+    engines = app.load_engines(parse_serve_flags("--models", str(tiny_model_repo)))
+    windowed = app.load_engines(parse_serve_flags("--models", str(tiny_model_repo), "--batching", "window"))
     try:
-        with app.BackgroundServer(engines) as background, Client(background.address) as client, \
-                Client(windowed.address) as reference, ThreadPoolExecutor(8) as pool:
+        with app.BackgroundServer(engines) as background, app.BackgroundServer(windowed) as window, \
+                Client(background.address) as client, Client(window.address) as reference, \
+                ThreadPoolExecutor(8) as pool:
             unary = list(pool.map(client.generate, requests))
             streamed = list(pool.map(lambda r: list(client.stream(r)), requests))
             for request, result, events in zip(requests, unary, streamed):
@@ -213,8 +296,64 @@ def test_served_over_grpc_streamed_equals_unary_equals_the_windowed_server(tiny_
                                                [t.logprob for t in other.tokens], atol=1e-5)
                     np.testing.assert_allclose(result.attention.weights, other.attention.weights, atol=1e-5)
     finally:
-        for engine in engines.values():
+        for engine in [*engines.values(), *windowed.values()]:
             engine.close()
+
+
+def test_a_deadline_passing_mid_flight_frees_the_row_and_spares_the_neighbour(tiny_model_repo):
+    import grpc
+
+    from attnserve.server import app
+    from attnserve.v1 import attnserve_pb2 as pb
+    from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+
+    engine, runtime = recording_engine(tiny_model_repo, TINY_MODEL_NAME)
+    alone = load_engine(find_models(tiny_model_repo)[TINY_MODEL_NAME], RuntimeOptions(), ALONE)
+    long = text(TINY_MODEL_NAME, 0, new=30, at_least=30)
+    victim = pb.GenerateRequest(model=TINY_MODEL_NAME, text=pb.TextInput(text=MIXED_TEXTS[4]), target_language="en",
+                                decoding=pb.DecodingOptions(max_new_tokens=30, min_new_tokens=30))
+    victim_length = engine.prepare(GenerationRequest(TINY_MODEL_NAME, MIXED_TEXTS[4], "en")).source.length
+    assert victim_length != engine.prepare(long).source.length, "the test tells the rows apart by source length"
+    started, queued, cancelled = threading.Event(), threading.Event(), threading.Event()
+    cancel = engine.cancel
+    engine.cancel = lambda future: (cancel(future), cancelled.set())  # what the service calls when it gives up
+
+    def hold(token):  # the long request's callback, on the worker
+        if token.index == 0:  # the victim is queued before the next step: it is admitted there
+            started.set()
+            assert queued.wait(WAIT)
+        if token.index == 2:  # the victim has run two steps; it keeps running until its deadline has passed
+            assert cancelled.wait(WAIT)
+
+    try:
+        with app.BackgroundServer({TINY_MODEL_NAME: engine}) as background, \
+                grpc.insecure_channel(background.address) as channel:
+            first = engine.submit(long, hold)
+            assert started.wait(WAIT)
+            call = pb_grpc.AttnServeStub(channel).Generate.future(victim, timeout=1.0)
+            while not engine.queued():
+                assert not call.done(), call.exception()
+                threading.Event().wait(0.005)
+            queued.set()
+            assert call.exception(WAIT).code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert_same(first.result(WAIT), alone.generate(long, WAIT))
+    finally:
+        engine.close()
+        alone.close()
+    # Steps 2 and 3 ran the victim; the cancel, seen after step 3, dropped its row in step 4.
+    assert runtime.calls_with(victim_length) == 3 and len(runtime.steps) == 30
+
+
+def test_an_idle_worker_starts_a_lone_request_at_once(tiny_model_repo):
+    # A window far longer than the wait: a lone request that waited for it would time out.
+    engine = load_engine(find_models(tiny_model_repo)[TINY_MODEL_NAME], RuntimeOptions(),
+                         BatchingOptions(window_seconds=10 * WAIT))
+    try:
+        for i in range(3):
+            result = engine.generate(text(TINY_MODEL_NAME, i, new=4), WAIT)
+            assert result.timings.batch_size == 1 and result.timings.queue_seconds < WAIT
+    finally:
+        engine.close()
 
 
 def test_a_request_failing_mid_flight_fails_alone(tiny_model_repo, monkeypatch):

@@ -23,7 +23,7 @@ from attnserve.server.generation import (
 )
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
-from fakes import MIXED_MAX_NEW, MIXED_TEXTS, recording_engine
+from fakes import BATCHING_MODES, MIXED_MAX_NEW, MIXED_TEXTS, batching, held, recording_engine, submit_together
 
 MODEL = "tiny-translate"
 WAIT = 60  # seconds; only a bound against hanging, never asserted on
@@ -34,7 +34,7 @@ WORDS = AttentionOptions(enabled=True, layer=0, granularity=AttentionGranularity
 
 @pytest.fixture(scope="module")
 def registry(tiny_model_repo):
-    registry = load_engines(tiny_model_repo, RuntimeOptions(), BatchingOptions(window_seconds=0.001))
+    registry = load_engines(tiny_model_repo, RuntimeOptions(), BatchingOptions())
     yield registry
     registry.close()
 
@@ -44,10 +44,15 @@ def engine(registry):
     return registry.get(MODEL)
 
 
+@pytest.fixture(params=BATCHING_MODES)
+def mode(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def batch_of_8(tiny_model_repo):
-    """An engine whose batches close only when 8 requests are in: 8 concurrent submits share one batch."""
-    engine = load_engine(find_models(tiny_model_repo)[MODEL], RuntimeOptions(), BatchingOptions(8, 60.0))
+def batch_of_8(tiny_model_repo, mode):
+    """An engine in each batching mode that starts at most 8 requests together (see fakes.submit_together)."""
+    engine = load_engine(find_models(tiny_model_repo)[MODEL], RuntimeOptions(), batching(mode, 8))
     yield engine
     engine.close()
 
@@ -132,7 +137,7 @@ def test_defaults_first_language_no_attention(engine):
 
 def test_concurrent_requests_share_a_batch_and_match_alone(engine, batch_of_8):
     streams = [[] for _ in TEXTS]
-    futures = [batch_of_8.submit(request(i), on_token=streams[i].append) for i in range(len(TEXTS))]
+    futures = submit_together(batch_of_8, [request(i) for i in range(len(TEXTS))], [s.append for s in streams])
     batched = [f.result(WAIT) for f in futures]
     assert {r.timings.batch_size for r in batched} == {8}
     for i, result in enumerate(batched):
@@ -151,7 +156,7 @@ def test_a_failing_request_does_not_fail_its_batch(engine, batch_of_8, monkeypat
     encode = batch_of_8.tokenizer.encode
     monkeypatch.setattr(batch_of_8.tokenizer, "encode", lambda text: [10**6] if text == "BAD" else encode(text))
     bad = GenerationRequest(MODEL, "BAD", decoding=DecodingOptions(max_new_tokens=3))
-    futures = [batch_of_8.submit(bad if i == 3 else request(i)) for i in range(8)]
+    futures = submit_together(batch_of_8, [bad if i == 3 else request(i) for i in range(8)])
     with pytest.raises(Exception, match="Gather"):
         futures[3].result(WAIT)
     for i in (0, 1, 2, 4, 5, 6, 7):
@@ -167,7 +172,8 @@ def test_a_raising_token_callback_fails_only_its_request(engine, batch_of_8):
     def hang_up(token):
         raise Gone("client went away")
 
-    futures = [batch_of_8.submit(request(i), on_token=hang_up if i == 2 else None) for i in range(8)]
+    callbacks = [hang_up if i == 2 else None for i in range(8)]
+    futures = submit_together(batch_of_8, [request(i) for i in range(8)], callbacks)
     with pytest.raises(Gone):
         futures[2].result(WAIT)
     results = [futures[i].result(WAIT) for i in range(8) if i != 2]
@@ -206,11 +212,11 @@ def test_streamed_tokens_carry_no_row_without_attention(engine, beam_size):
     assert all(event.attention is None for event in streamed)
 
 
-def test_a_cancelled_request_leaves_its_batch_and_its_neighbours_go_on(tiny_model_repo, engine):
-    recording, runtime = recording_engine(tiny_model_repo, MODEL, BatchingOptions(3, 60.0))
-    long, neighbours = request(2, max_new_tokens=40), [request(1), request(7)]
-    lengths = [engine.prepare(r).source.length for r in (long, *neighbours)]
-    assert len(set(lengths)) == 3, "the test tells the rows apart by source length"
+def test_a_cancelled_request_leaves_its_batch_and_its_neighbours_go_on(tiny_model_repo, engine, mode):
+    recording, runtime = recording_engine(tiny_model_repo, MODEL, batching(mode, 3))
+    long, neighbours, gate = request(2, max_new_tokens=40), [request(1), request(7)], request(0)
+    lengths = [engine.prepare(r).source.length for r in (long, *neighbours, gate)]
+    assert len(set(lengths)) == 4, "the test tells the rows apart by source length"
     futures, streamed = {}, []
 
     def cancel_after_first(event):
@@ -218,9 +224,11 @@ def test_a_cancelled_request_leaves_its_batch_and_its_neighbours_go_on(tiny_mode
         recording.cancel(futures["long"])
 
     try:
-        # The batch starts once all three are in, so the callback always finds the future.
-        futures["long"] = recording.submit(long, on_token=cancel_after_first)
-        results = [f.result(WAIT) for f in [recording.submit(r) for r in neighbours]]
+        # The three start together once all are in, so the callback always finds the future.
+        with held(recording, gate):
+            futures["long"] = recording.submit(long, on_token=cancel_after_first)
+            pending = [recording.submit(r) for r in neighbours]
+        results = [f.result(WAIT) for f in pending]
         with pytest.raises(CancelledError):
             futures["long"].result(WAIT)
     finally:
@@ -236,19 +244,21 @@ def test_a_cancelled_request_leaves_its_batch_and_its_neighbours_go_on(tiny_mode
 
 
 def test_cancelling_a_queued_or_finished_request(engine, batch_of_8):
-    queued = batch_of_8.submit(request(3))  # waits for 7 more
-    batch_of_8.cancel(queued)
-    assert queued.cancelled()
+    with held(batch_of_8, request(3)):  # the worker is busy: the request waits in the queue
+        queued = batch_of_8.submit(request(3))
+        batch_of_8.cancel(queued)
+        assert queued.cancelled()
     done = engine.submit(request(3, max_new_tokens=2))
     result = done.result(WAIT)
     engine.cancel(done)  # a no-op
     assert done.result(WAIT) is result
 
 
-def test_mixed_beam_sizes_in_one_batch(engine, batch_of_8):
-    futures = [batch_of_8.submit(request(i, beam_size=1 + i % 2)) for i in range(8)]
+def test_mixed_beam_sizes_in_one_batch(engine, batch_of_8, mode):
+    futures = submit_together(batch_of_8, [request(i, beam_size=1 + i % 2) for i in range(8)])
     results = [f.result(WAIT) for f in futures]
-    assert {r.timings.batch_size for r in results} == {4}  # two groups, one per beam size
+    # Windowed: one group per beam size, one after the other; continuous: both groups share decoder calls.
+    assert {r.timings.batch_size for r in results} == {4 if mode == "window" else 8}
     for i in (0, 1):
         alone = engine.generate(request(i, beam_size=1 + i % 2), WAIT)
         assert [t.id for t in results[i].tokens] == [t.id for t in alone.tokens]

@@ -20,7 +20,6 @@ from attnserve.clients import cli, overlay
 from attnserve.clients.client import Client, image_request
 from attnserve.export.image.model import normalize
 from attnserve.server import app, preprocessing
-from attnserve.server.batcher import BatchingOptions
 from attnserve.server.engine import load_engine
 from attnserve.server.generation import (
     AttentionGranularity,
@@ -36,7 +35,7 @@ from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
-from fakes import WAIT
+from fakes import BATCHING_MODES, WAIT, batching, submit_together
 from tiny_image import NAME, captioner, encode, export_repo, pixels
 
 ATOL = 1e-5
@@ -187,13 +186,14 @@ def test_a_served_image_equals_the_offline_reference(served, model, i):
     assert result.attention.row_labels == result.text.split()
 
 
-def test_a_batch_of_images_equals_each_image_alone(served, repo):
+@pytest.mark.parametrize("mode", BATCHING_MODES)
+def test_a_batch_of_images_equals_each_image_alone(served, repo, mode):
     engines = served[2]
     n = len(IMAGES)
-    together = load_engine(find_models(repo)[NAME], RuntimeOptions(), BatchingOptions(n, 60.0))
+    together = load_engine(find_models(repo)[NAME], RuntimeOptions(), batching(mode, n))
     requests = [GenerationRequest(NAME, image=ImageInput(image_file(i)), attention=words()) for i in range(n)]
     try:
-        batched = [f.result(WAIT) for f in [together.submit(r) for r in requests]]
+        batched = [f.result(WAIT) for f in submit_together(together, requests)]
     finally:
         together.close()
     assert {r.timings.batch_size for r in batched} == {n}
@@ -223,9 +223,9 @@ def test_model_info_states_the_image_size_grid_and_limits(served):
     info = client.get_model(NAME)
     assert info.input_kind is InputKind.IMAGE and info.task == "image-captioning" and info.audio is None
     assert (info.image.width, info.image.height, info.image.grid_rows, info.image.grid_cols) == (16, 16, 4, 4)
-    assert info.image.max_bytes == 60_000 and info.max_source_tokens == 16
+    assert info.image.max_bytes == 60_000 and info.image.max_pixels == 100_000 and info.max_source_tokens == 16
     wire = stub.GetModel(pb.GetModelRequest(name=NAME), timeout=WAIT)
-    assert wire.input_kind == pb.INPUT_KIND_IMAGE and wire.image.grid_rows == 4
+    assert wire.input_kind == pb.INPUT_KIND_IMAGE and wire.image.grid_rows == 4 and wire.image.max_pixels == 100_000
 
 
 # ---- the command line and the overlay ------------------------------------------------------------------

@@ -12,7 +12,7 @@ from attnserve.server import generation
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_MODEL_NAME
-from fakes import WAIT
+from fakes import WAIT, held
 
 FAKE = "fake-translate"
 
@@ -126,3 +126,33 @@ def test_a_real_model_reports_its_provider_and_model_call_times(tiny_server):
     assert sample("attnserve_encode_duration_seconds_count", model=TINY_MODEL_NAME) == encodes + 1
     assert sample("attnserve_decode_step_duration_seconds_count", model=TINY_MODEL_NAME) == steps + 1
     assert sample("attnserve_decode_step_duration_seconds_sum", model=TINY_MODEL_NAME) > 0
+
+
+def test_a_real_model_records_what_its_responses_report(tiny_server):
+    # Two requests queued behind a held worker start together: under continuous batching (the server's
+    # default) they share every decoder call, and each histogram gets the timings its response carries.
+    background, engines = tiny_server
+    engine = engines[TINY_MODEL_NAME]
+    names = ("batch_size", "queue_duration_seconds", "time_to_first_token_seconds", "request_duration_seconds")
+    before = {name: [sample(f"attnserve_{name}_{s}", model=TINY_MODEL_NAME) for s in ("sum", "count")]
+              for name in names}
+    decoding = pb.DecodingOptions(max_new_tokens=3, min_new_tokens=3)
+    with grpc.insecure_channel(background.address) as channel:
+        generate = pb_grpc.AttnServeStub(channel).Generate
+        with held(engine, generation.GenerationRequest(TINY_MODEL_NAME, "Save")):
+            calls = [generate.future(request(t, model=TINY_MODEL_NAME, decoding=decoding), timeout=WAIT)
+                     for t in ("Knowledge is power.", "知識就是力量。")]
+            wait_until(lambda: engine.queued() == 2)
+        timings = [call.result().timings for call in calls]
+    assert [t.batch_size for t in timings] == [2, 2]
+    assert all(0 < t.queue_seconds <= t.first_token_seconds <= t.total_seconds for t in timings)
+    reported = {
+        "batch_size": [t.batch_size for t in timings],
+        "queue_duration_seconds": [t.queue_seconds for t in timings],
+        "time_to_first_token_seconds": [t.first_token_seconds for t in timings],
+        "request_duration_seconds": [t.total_seconds for t in timings],
+    }
+    for name, values in reported.items():
+        total, count = (sample(f"attnserve_{name}_{s}", model=TINY_MODEL_NAME) for s in ("sum", "count"))
+        assert count == before[name][1] + 2
+        assert total == pytest.approx(before[name][0] + sum(values), abs=1e-6)

@@ -20,7 +20,7 @@ from attnserve.server.generation import AttentionOptions, DecodingOptions, Gener
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 from conftest import TINY_RECURRENT_NAME
-from fakes import MIXED_MAX_NEW, MIXED_TEXTS
+from fakes import BATCHING_MODES, MIXED_MAX_NEW, MIXED_TEXTS, batching, submit_together
 
 ATOL = 1e-5
 WAIT = 60
@@ -151,7 +151,7 @@ def test_decoder_graph_holds_one_copy_of_the_embedding(tiny_recurrent_dir, tiny_
 
 @pytest.fixture(scope="module")
 def registry(tiny_recurrent_dir):
-    registry = load_engines(tiny_recurrent_dir.parent.parent, RuntimeOptions(), BatchingOptions(window_seconds=0.001))
+    registry = load_engines(tiny_recurrent_dir.parent.parent, RuntimeOptions(), BatchingOptions())
     yield registry
     registry.close()
 
@@ -181,14 +181,15 @@ def test_served_greedy_decode_equals_pytorch(registry, tiny_recurrent_model, tin
         assert served.attention.reduction.startswith("layer 0 of 1")
 
 
+@pytest.mark.parametrize("mode", BATCHING_MODES)
 @pytest.mark.parametrize("beam_size", [1, 3])
-def test_a_batch_of_mixed_lengths_equals_each_request_alone(registry, tiny_recurrent_dir, beam_size):
+def test_a_batch_of_mixed_lengths_equals_each_request_alone(registry, tiny_recurrent_dir, beam_size, mode):
     engine = registry.get(TINY_RECURRENT_NAME)
     n = len(MIXED_TEXTS)
     version = find_models(tiny_recurrent_dir.parent.parent)[TINY_RECURRENT_NAME]
-    together = load_engine(version, RuntimeOptions(), BatchingOptions(n, 60.0))
+    together = load_engine(version, RuntimeOptions(), batching(mode, n))
     try:
-        futures = [together.submit(request(i, beam_size)) for i in range(n)]
+        futures = submit_together(together, [request(i, beam_size) for i in range(n)])
         batched = [f.result(WAIT) for f in futures]
     finally:
         together.close()

@@ -26,7 +26,7 @@ from attnserve.server.engine import load_engine
 from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
-from fakes import MIXED_MAX_NEW, MIXED_TEXTS
+from fakes import BATCHING_MODES, MIXED_MAX_NEW, MIXED_TEXTS, batching, submit_together
 
 NAME = "tiny-lstm-state"
 E, H = 5, 6  # embedding width; LSTM width = memory width (dot-product attention)
@@ -276,7 +276,7 @@ def repo(tmp_path_factory, weights, tiny_tokenizer):
 
 @pytest.fixture(scope="module")
 def engine(repo):
-    engine = load_engine(find_models(repo)[NAME], RuntimeOptions(), BatchingOptions(window_seconds=0.001))
+    engine = load_engine(find_models(repo)[NAME], RuntimeOptions(), BatchingOptions())
     yield engine
     engine.close()
 
@@ -379,11 +379,12 @@ def test_a_loop_that_ignores_init_fails_the_comparison(repo, weights, tiny_token
 # ---- whole requests through the engine: alone, batched, beams -------------------------------------------------
 
 
-def test_served_requests_alone_and_batched_equal_the_reference(repo, engine, weights):
+@pytest.mark.parametrize("mode", BATCHING_MODES)
+def test_served_requests_alone_and_batched_equal_the_reference(repo, engine, weights, mode):
     n = len(MIXED_TEXTS)
-    together = load_engine(find_models(repo)[NAME], RuntimeOptions(), BatchingOptions(n, 60.0))
+    together = load_engine(find_models(repo)[NAME], RuntimeOptions(), batching(mode, n))
     try:
-        batched = [f.result(WAIT) for f in [together.submit(request(i)) for i in range(n)]]
+        batched = [f.result(WAIT) for f in submit_together(together, [request(i) for i in range(n)])]
     finally:
         together.close()
     assert {r.timings.batch_size for r in batched} == {n}

@@ -35,7 +35,7 @@ from attnserve.server.timestamps import word_timings
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_SPEECH_NAME as NAME
-from fakes import WAIT, wav_bytes
+from fakes import BATCHING_MODES, WAIT, batching, held, submit_together, wav_bytes
 
 ATOL = 1e-5
 RATE = 16000
@@ -142,13 +142,14 @@ def test_raw_samples_equal_the_same_audio_as_a_wav_file(served):
     assert from_samples.tokens == from_wav.tokens and from_samples.attention == from_wav.attention
 
 
-def test_a_batch_of_clips_equals_each_clip_alone(served, tiny_speech_repo):
+@pytest.mark.parametrize("mode", BATCHING_MODES)
+def test_a_batch_of_clips_equals_each_clip_alone(served, tiny_speech_repo, mode):
     _, _, engines = served
     n = len(CLIPS)
-    together = load_engine(find_models(tiny_speech_repo)[NAME], RuntimeOptions(), BatchingOptions(n, 60.0))
+    together = load_engine(find_models(tiny_speech_repo)[NAME], RuntimeOptions(), batching(mode, n))
     requests = [GenerationRequest(NAME, audio=AudioInput(wav=wav(i)), attention=_pieces()) for i in range(n)]
     try:
-        batched = [f.result(WAIT) for f in [together.submit(r) for r in requests]]
+        batched = [f.result(WAIT) for f in submit_together(together, requests)]
     finally:
         together.close()
     assert {r.timings.batch_size for r in batched} == {n}
@@ -245,18 +246,20 @@ def test_text_sent_to_an_audio_model_is_invalid_argument(served):
     assert raised.value.details == f"model '{NAME}' takes audio input, not text"
 
 
-def test_bad_audio_never_reaches_a_batch(tiny_speech_repo):
-    # A batch closes when 2 requests are in: if the bad one were queued, the two good ones would not share.
-    engine = load_engine(find_models(tiny_speech_repo)[NAME], RuntimeOptions(), BatchingOptions(2, 60.0))
+@pytest.mark.parametrize("mode", BATCHING_MODES)
+def test_bad_audio_never_reaches_a_batch(tiny_speech_repo, mode):
+    # At most 2 requests start together: if a bad one were queued, the two good ones would not share.
+    engine = load_engine(find_models(tiny_speech_repo)[NAME], RuntimeOptions(), batching(mode, 2))
     try:
-        first = engine.submit(GenerationRequest(NAME, audio=AudioInput(wav=wav(0))))
-        with pytest.raises(InputTooLargeError):
-            engine.submit(GenerationRequest(NAME, audio=AudioInput(samples=np.zeros(RATE * 4, np.float32),
-                                                                   sample_rate_hz=RATE)))
-        with pytest.raises(ValueError, match="non-finite"):
-            engine.submit(GenerationRequest(NAME, audio=AudioInput(samples=np.full(800, np.inf, np.float32),
-                                                                   sample_rate_hz=RATE)))
-        second = engine.submit(GenerationRequest(NAME, audio=AudioInput(wav=wav(1))))
+        with held(engine, GenerationRequest(NAME, audio=AudioInput(wav=wav(2)))):
+            first = engine.submit(GenerationRequest(NAME, audio=AudioInput(wav=wav(0))))
+            with pytest.raises(InputTooLargeError):
+                engine.submit(GenerationRequest(NAME, audio=AudioInput(samples=np.zeros(RATE * 4, np.float32),
+                                                                       sample_rate_hz=RATE)))
+            with pytest.raises(ValueError, match="non-finite"):
+                engine.submit(GenerationRequest(NAME, audio=AudioInput(samples=np.full(800, np.inf, np.float32),
+                                                                       sample_rate_hz=RATE)))
+            second = engine.submit(GenerationRequest(NAME, audio=AudioInput(wav=wav(1))))
         assert [f.result(WAIT).timings.batch_size for f in (first, second)] == [2, 2]
     finally:
         engine.close()

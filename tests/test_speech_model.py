@@ -19,14 +19,13 @@ from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellCo
 from attnserve.export.speech.specaugment import AugmentOptions, SpecAugment, warp_mel
 from attnserve.export.speech.train import Batch, TrainOptions, collate, joint_loss, make_batches
 from attnserve.server.audio import AudioPreprocessor
-from attnserve.server.batcher import BatchingOptions
 from attnserve.server.engine import load_engine
 from attnserve.server.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
 from attnserve.server.manifest import load_manifest
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.server.tokenization import Tokenizer as ServedTokenizer
-from fakes import WAIT, wav_bytes
+from fakes import BATCHING_MODES, WAIT, batching, submit_together, wav_bytes
 
 NAME = "tiny-las"
 ATOL = 1e-5
@@ -151,13 +150,15 @@ def test_the_manifest_is_the_contracts_audio_speller(repo):
     assert manifest.decoder_start == {"en": vocabulary.START_ID}
 
 
-def test_served_transcripts_equal_the_pytorch_greedy_decode(model, repo):
-    engine = load_engine(find_models(repo)[NAME], RuntimeOptions(), BatchingOptions(3, 50.0))
+@pytest.mark.parametrize("mode", BATCHING_MODES)
+def test_served_transcripts_equal_the_pytorch_greedy_decode(model, repo, mode):
+    engine = load_engine(find_models(repo)[NAME], RuntimeOptions(), batching(mode, 3))
     tokenizer = vocabulary.character_tokenizer()
     wavs = [wav_bytes(speech(s, seed=i), 16000) for i, s in enumerate([0.9, 2.3, 0.37])]
     try:
-        futures = [engine.submit(GenerationRequest(NAME, audio=AudioInput(wav=w), attention=AttentionOptions(True),
-                                                   decoding=DecodingOptions(MAX_NEW))) for w in wavs]
+        requests = [GenerationRequest(NAME, audio=AudioInput(wav=w), attention=AttentionOptions(True),
+                                      decoding=DecodingOptions(MAX_NEW)) for w in wavs]
+        futures = submit_together(engine, requests)
         results = [f.result(WAIT) for f in futures]
     finally:
         engine.close()

