@@ -3,7 +3,8 @@
 # The machine has PyTorch with CUDA but no internet: the uploads (.gpu/, packed on the workstation by
 # `python -m attnserve.export.gpu_upload`) carry the package as a wheel, the data and any starting weights.
 #
-#   export/gpu_training.sh start-translation MINUTES   # trains in the background (setsid), returns at once
+#   export/gpu_training.sh start-translation MINUTES [HOLD]  # trains in the background (setsid); returns
+#                                                            # after HOLD seconds (default 45) with its log
 #   export/gpu_training.sh start-speech MINUTES        # unpacks the audio, then trains in the background
 #   export/gpu_training.sh collect OUT WAIT_SECONDS    # waits for both (at most WAIT_SECONDS), packs results
 #
@@ -39,20 +40,26 @@ start-translation)
         --corpus $RUNS/corpus --tokenizer .gpu/translation/tokenizer.json \
         --run $RUNS/translation --minutes "$2" --device $DEVICE --threads 4 \
         $(cat .gpu/translation/train-args)
-    sleep 45
+    sleep "${3:-45}"
     tail -n 5 $RUNS/translation.out
     ;;
 start-speech)
+    # Opus parts -> WAV files (every core), features (every core), then training from the uploaded weights.
     install_package
-    start_background speech "PYTHONPATH=$SITE PYTHONUNBUFFERED=1 bash .gpu/speech/run.sh $2"
-    sleep 20
+    touch $RUNS/speech.started
+    start_background speech "export PYTHONPATH=$SITE PYTHONUNBUFFERED=1; \
+        python3 -m attnserve.export.speech.compact_audio unpack .gpu/speech/speech-*.zip --out $RUNS/speech-corpus \
+        && python3 -m attnserve.export.speech.train --corpus $RUNS/speech-corpus --run $RUNS/speech \
+            --features $RUNS/speech-features --init-weights .gpu/speech/weights.pt --device $DEVICE \
+            --minutes $2 --threads 4 $(cat .gpu/speech/train-args)"
+    sleep 30
     tail -n 5 $RUNS/speech.out
     tail -n 3 $RUNS/translation/train.log || true
     ;;
 collect)
     out=$2
     deadline=$((SECONDS + $3))
-    while [[ ! -f $RUNS/translation.done || ( -f .gpu/speech/run.sh && ! -f $RUNS/speech.done ) ]]; do
+    while [[ ! -f $RUNS/translation.done || ( -f $RUNS/speech.started && ! -f $RUNS/speech.done ) ]]; do
         if ((SECONDS >= deadline)); then
             echo "collect: deadline reached; stopping the runs at their last checkpoints"
             touch $RUNS/speech/STOP

@@ -211,10 +211,19 @@ def train(
     model_cfg: dict,
     opts: TrainOptions,
     tokenizer_file: pathlib.Path | None = None,
+    init_from: pathlib.Path | None = None,
 ) -> None:
     run.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(opts.seed)
     train_pairs = read_pairs(corpus / "train.tsv")
+    start = None
+    if init_from is not None and not (run / "last.pt").exists():
+        # A further phase of an earlier model: its weights, architecture and vocabulary; a fresh optimizer.
+        start = torch.load(init_from, map_location="cpu", weights_only=False)
+        arch, model_cfg = start.get("arch", "transformer"), {k: v for k, v in start["config"].items()
+                                                              if k != "vocab_size"}
+        if not (run / "tokenizer.json").exists():
+            Tokenizer.from_str(start["tokenizer"]).save(str(run / "tokenizer.json"))
     tokenizer = load_or_train_tokenizer(run, train_pairs, opts.vocab_size, tokenizer_file)
     if opts.upsample:
         train_pairs = upsample_pairs(train_pairs, read_families(corpus / "train.source"), dict(opts.upsample))
@@ -226,6 +235,11 @@ def train(
     cfg = model.cfg
     optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0)
     state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "tokens": 0, "seconds": 0.0, "best_dev": float("inf")}
+    if start is not None:
+        model.load_state_dict({k: v.float() for k, v in start["model"].items()})
+        state["initialised_from"] = {"checkpoint": str(init_from), **{
+            k: start.get("state", {}).get(k) for k in ("recovered_from", "step", "tokens")}}
+        log.info("initialised from %s", init_from)
     last = run / "last.pt"
     if last.exists():
         ckpt = torch.load(last, map_location="cpu", weights_only=False)
@@ -357,6 +371,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-minutes", type=float, default=TrainOptions.checkpoint_minutes)
     parser.add_argument("--select", default="", metavar="FAMILY,...",
                         help="dev families whose loss chooses best.pt (default: the whole dev split), e.g. hsk,cedict")
+    parser.add_argument("--init-from", type=pathlib.Path, metavar="CHECKPOINT",
+                        help="start from this checkpoint's weights, architecture and vocabulary (new optimizer)")
     parser.add_argument("--average-last", type=int, default=0, metavar="N",
                         help="also write averaged.pt, the mean of the last N checkpoints' weights")
     parser.add_argument(
@@ -396,7 +412,7 @@ def main() -> None:
     )
     if args.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
-    train(args.corpus, args.run, args.minutes, args.arch, model_cfg, opts, args.tokenizer)
+    train(args.corpus, args.run, args.minutes, args.arch, model_cfg, opts, args.tokenizer, args.init_from)
 
 
 if __name__ == "__main__":

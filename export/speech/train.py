@@ -2,6 +2,10 @@
 
     python -m attnserve.export.speech.train --corpus data/speech --run ~/.cache/attnserve/runs/speech-en --minutes 120
 
+On a GPU (`--device cuda`, with larger `--batch-seconds` / `--max-batch`) the model, batches, SpecAugment and
+the losses run there, TF32 allowed; checkpoints load on any device. A run can start from another run's
+weights (`--init-weights`, e.g. a float16 file from `--save-weights`) with a fresh optimizer.
+
 Seeded and resumable: the run folder keeps `last.pt` (rerunning the same command continues from it, at the
 same batch of the same epoch; `touch <run>/STOP` makes a running training checkpoint and end at once) and `best.pt` (lowest seen-voice dev CER), and logs to `<run>/train.log`.
 The log-mel features of each split are computed once (server/features.py, so training features are the
@@ -16,6 +20,7 @@ cross-entropy; a mel warp and SpecAugment masks perturb every training clip.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -62,8 +67,12 @@ class TrainOptions:
     # Clips whose per-band spread sets the listener's feature scale on the first start.
     scale_clips: int = 1000
     augment: AugmentOptions = AugmentOptions()
+    # Where the model trains and is evaluated: "cpu" or "cuda" (then TF32 matmuls and convolutions).
+    device: str = "cpu"
 
     def __post_init__(self):
+        if torch.device(self.device).type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if not 0 <= self.ctc_weight <= 1:
             raise ValueError(f"ctc_weight must be in [0, 1], got {self.ctc_weight}")
         if self.batch_seconds <= 0 or self.max_batch < 1:
@@ -81,6 +90,17 @@ class Batch:
     @property
     def tokens(self) -> int:
         return int((self.tgt_out != vocabulary.PAD_ID).sum())
+
+    def to(self, device: torch.device) -> Batch:
+        """The batch with its tensors on `device` (itself on its own device)."""
+        return dataclasses.replace(self, features=self.features.to(device), mask=self.mask.to(device),
+                                   tgt_in=self.tgt_in.to(device), tgt_out=self.tgt_out.to(device))
+
+
+def on_device(device: str):
+    """A context in which tensors without a device are made on `device`: the model's decode loops and
+    SpecAugment create their tensors so. Nothing at all on the CPU (the mode costs each torch call a little)."""
+    return contextlib.nullcontext() if torch.device(device).type == "cpu" else torch.device(device)
 
 
 def make_batches(frames: list[int], opts: TrainOptions, rng: random.Random) -> list[list[int]]:
@@ -155,12 +175,13 @@ def evaluate(model, split: SplitFeatures, targets, tokenizer: Tokenizer, opts: T
     # Without gradients a batch can be 4x larger: fewer, wider decode loops.
     wide = dataclasses.replace(opts, batch_seconds=4 * opts.batch_seconds, max_batch=4 * opts.max_batch)
     for indices in make_batches(frames, wide, random.Random(0)):
-        batch = collate(split, targets, indices, r)
-        attention, ctc, ctc_outputs = losses(model, batch, 0.0)
-        attention_sum, ctc_sum, tokens = attention_sum + attention.item(), ctc_sum + ctc.item(), tokens + batch.tokens
+        batch = collate(split, targets, indices, r).to(opts.device)
         longest = batch.features.shape[1] / 100  # seconds
         limit = math.ceil(vocabulary.MAX_CHARACTERS_PER_SECOND * longest) + 8
-        outputs, _ = model.greedy_decode(batch.features, batch.mask, limit, vocabulary.suppressed_ids())
+        with on_device(opts.device):
+            attention, ctc, ctc_outputs = losses(model, batch, 0.0)
+            outputs, _ = model.greedy_decode(batch.features, batch.mask, limit, vocabulary.suppressed_ids())
+        attention_sum, ctc_sum, tokens = attention_sum + attention.item(), ctc_sum + ctc.item(), tokens + batch.tokens
         for i, ids, ctc_ids in zip(indices, outputs, ctc_greedy(*ctc_outputs)):
             hypotheses[i], ctc_hypotheses[i] = tokenizer.decode(ids), tokenizer.decode(ctc_ids)
     model.train()
@@ -208,11 +229,41 @@ def load_model(path: pathlib.Path) -> tuple[ListenAttendSpell, Tokenizer, dict]:
     return model.eval(), tokenizer, ckpt["state"]
 
 
+def save_weights(checkpoint: pathlib.Path, out: pathlib.Path, dtype: torch.dtype = torch.float16) -> None:
+    """A checkpoint's model without optimizer or RNG state: what another machine needs to go on training from
+    it (`--init-weights`) or to export it, at a sixth (float16) or a third (float32) of the size; the config,
+    tokenizer and training state ride along."""
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    # Parameters only: buffers (the feature scale) are tiny and keep full precision.
+    parameters = {name for name, _ in ListenAttendSpell(ListenAttendSpellConfig(**ckpt["config"])).named_parameters()}
+    weights = {k: v.to(dtype) if k in parameters else v for k, v in ckpt["model"].items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": weights, "arch": ckpt["arch"], "config": ckpt["config"], "tokenizer": ckpt["tokenizer"],
+                "state": ckpt["state"]}, out)
+
+
+def load_weights(path: pathlib.Path) -> dict:
+    """A `save_weights` file (or a full checkpoint) as a checkpoint without optimizer, weights in float32."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    ckpt["model"] = {k: v.float() if v.is_floating_point() else v for k, v in ckpt["model"].items()}
+    ckpt.pop("optimizer", None)
+    return ckpt
+
+
 DEFAULT_FEATURES = pathlib.Path.home() / ".cache/attnserve/speech-features"
 
 
 def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ListenAttendSpellConfig, opts: TrainOptions,
-          features: pathlib.Path = DEFAULT_FEATURES):
+          features: pathlib.Path = DEFAULT_FEATURES, init_weights: pathlib.Path | None = None,
+          fresh_optimizer: bool = False):
+    """Trains for `minutes`, resuming from `run`/last.pt if there is one.
+
+    Args:
+        init_weights: without a last.pt, start from these weights (`save_weights`) and their training state,
+            at a new epoch, with a fresh optimizer and no best CER yet (this run's dev decides best.pt).
+        fresh_optimizer: resume last.pt's weights and state but not its optimizer (e.g. after the batch size
+            changed).
+    """
     # Data: cached features of the training split and the seen-voice dev split; transcripts as ids.
     run.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(opts.seed)
@@ -226,21 +277,28 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ListenAt
     log.info("train %d clips (%.2f h), dev %d clips (%.2f h)", len(train_targets), train_split.seconds / 3600,
              len(dev_targets), dev_split.seconds / 3600)
 
-    # Model and optimizer: fresh (feature scale measured on training clips) or resumed from last.pt.
+    # Model and optimizer: resumed from last.pt, started from other weights, or fresh (feature scale measured
+    # on training clips). The model moves to its device before the optimizer is made (and its state loaded).
     last = run / "last.pt"
     ckpt = torch.load(last, map_location="cpu", weights_only=False) if last.exists() else None
+    if ckpt is None and init_weights is not None:
+        ckpt = load_weights(init_weights)
+        ckpt["state"] = {**ckpt["state"], "epoch": ckpt["state"]["epoch"] + 1, "batch_in_epoch": 0,
+                         "best_cer": math.inf}
+        log.info("starting from %s (step %d)", init_weights, ckpt["state"]["step"])
+    elif ckpt is not None and init_weights is not None:
+        log.info("%s exists: resuming it, not %s", last, init_weights)
     if ckpt is not None and ListenAttendSpellConfig(**ckpt["config"]) != cfg:
         log.info("resuming with the run's own model config; the command line's differs")
         cfg = ListenAttendSpellConfig(**ckpt["config"])
     model = ListenAttendSpell(cfg)
-    optimizer = torch.optim.Adam(model.parameters(), lr=opts.lr)
     state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "audio_seconds": 0.0, "seconds": 0.0, "best_cer": math.inf,
              "history": []}
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
         state = ckpt["state"]
-        torch.set_rng_state(ckpt["rng"])
+        if "rng" in ckpt:
+            torch.set_rng_state(ckpt["rng"])
         log.info("resumed at step %d (%.2f h of audio seen)", state["step"], state["audio_seconds"] / 3600)
         if state.get("data") != data_id(train_split):
             # A rebuilt corpus orders its batches differently: the saved place in the epoch means nothing.
@@ -249,7 +307,14 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ListenAt
     else:
         model.set_feature_scale(feature_scale(model, train_split, opts.scale_clips, opts.seed))
     state["data"] = data_id(train_split)
-    log.info("model: %s, %.2fM parameters", cfg, sum(p.numel() for p in model.parameters()) / 1e6)
+    model.to(opts.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=opts.lr)
+    if ckpt is not None and "optimizer" in ckpt and not fresh_optimizer:
+        optimizer.load_state_dict(ckpt["optimizer"])  # its state moves to the parameters' device
+    elif ckpt is not None:
+        log.info("fresh optimizer")
+    log.info("model: %s, %.2fM parameters, on %s", cfg, sum(p.numel() for p in model.parameters()) / 1e6,
+             opts.device)
 
     # Epochs until the deadline, with a checkpoint every opts.checkpoint_minutes and at the end.
     run_epochs(model, optimizer, (train_split, train_targets), (dev_split, dev_targets), tokenizer, state, run,
@@ -270,10 +335,11 @@ def run_epochs(model, optimizer, train_data, dev_data, tokenizer, state, run, mi
             started = time.monotonic()
             for group in optimizer.param_groups:
                 group["lr"] = inverse_sqrt(state["step"] + 1, opts)
-            batch = collate(split, targets, indices, model.cfg.time_reduction)
-            loss = joint_loss(model, batch, opts, augment)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            batch = collate(split, targets, indices, model.cfg.time_reduction).to(opts.device)
+            with on_device(opts.device):
+                loss = joint_loss(model, batch, opts, augment)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
             optimizer.step()
             state["step"] += 1
@@ -325,10 +391,22 @@ def main() -> None:
     parser.add_argument("--checkpoint-minutes", type=float, default=TrainOptions.checkpoint_minutes)
     parser.add_argument("--dev-clips", type=int, help="score only the first N dev clips at each checkpoint")
     parser.add_argument("--batch-seconds", type=float, default=TrainOptions.batch_seconds)
+    parser.add_argument("--max-batch", type=int, default=TrainOptions.max_batch, help="most clips per batch")
+    parser.add_argument("--device", default=TrainOptions.device, help="cpu or cuda")
+    parser.add_argument("--init-weights", type=pathlib.Path,
+                        help="without RUN/last.pt, start from these weights (a --save-weights file)")
+    parser.add_argument("--fresh-optimizer", action="store_true", help="resume RUN/last.pt without its optimizer")
+    parser.add_argument("--save-weights", type=pathlib.Path, metavar="OUT",
+                        help="write a checkpoint's weights without optimizer to OUT, and exit")
+    parser.add_argument("--weights-of", default="last.pt", help="the RUN checkpoint --save-weights reads")
+    parser.add_argument("--weights-dtype", choices=["float16", "float32"], default="float16")
     parser.add_argument("--lr", type=float, default=TrainOptions.lr)
     parser.add_argument("--listener-hidden", type=int, default=ListenAttendSpellConfig.listener_hidden)
     parser.add_argument("--speller-hidden", type=int, default=ListenAttendSpellConfig.speller_hidden)
     args = parser.parse_args()
+    if args.save_weights:
+        save_weights(args.run / args.weights_of, args.save_weights, getattr(torch, args.weights_dtype))
+        return
     args.run.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
         level=logging.INFO,
@@ -336,10 +414,13 @@ def main() -> None:
         handlers=[logging.FileHandler(args.run / "train.log"), logging.StreamHandler()],
     )
     torch.set_num_threads(args.threads)
+    if torch.device(args.device).type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     cfg = ListenAttendSpellConfig(listener_hidden=args.listener_hidden, speller_hidden=args.speller_hidden)
-    opts = TrainOptions(batch_seconds=args.batch_seconds, lr=args.lr, checkpoint_minutes=args.checkpoint_minutes,
-                        dev_clips=args.dev_clips)
-    train(args.corpus, args.run, args.minutes, cfg, opts, args.features)
+    opts = TrainOptions(batch_seconds=args.batch_seconds, max_batch=args.max_batch, lr=args.lr,
+                        checkpoint_minutes=args.checkpoint_minutes, dev_clips=args.dev_clips, device=args.device)
+    train(args.corpus, args.run, args.minutes, cfg, opts, args.features, args.init_weights, args.fresh_optimizer)
 
 
 if __name__ == "__main__":
