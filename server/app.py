@@ -271,6 +271,7 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         max_batch_size=options.max_batch_size,
         window_seconds=options.batch_window_ms / 1000,
         max_queue_size=options.max_queue_size,
+        max_attention_values=options.max_attention_values,
         continuous=SchedulingOptions() if options.batching == "continuous" else None,
     )
     broken: dict[str, str] | None = {} if options.skip_broken_models else None

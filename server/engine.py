@@ -80,6 +80,7 @@ class ModelEngine:
         self.tokenizer = tokenizer
         self.preprocessor = preprocessor or preprocessing.create(self.manifest, tokenizer)
         self._eos = self.manifest.special_tokens.eos
+        self._max_attention_values = batching.max_attention_values
         self._continuous = ContinuousLoop(self) if batching.continuous is not None else None
         loop = self._continuous.run if self._continuous is not None else None
         self._batcher = Batcher(self._process, batching, name=self.manifest.name, loop=loop)
@@ -103,7 +104,8 @@ class ModelEngine:
         )
         info = self.preprocessor.describe(info)
         wire = limits.request_bytes(limits.input_bytes(info, self.max_text_chars))
-        return dataclasses.replace(info, max_request_bytes=wire)
+        return dataclasses.replace(info, max_request_bytes=wire, max_attention_values=self._max_attention_values,
+                                   max_response_bytes=limits.MessageLimits.send_bytes)
 
     @property
     def max_text_chars(self) -> int | None:
@@ -144,6 +146,8 @@ class ModelEngine:
         source = self.preprocessor.prepare(request)
         budget = self.preprocessor.output_budget(source)
         max_new_tokens = max_new_tokens if budget is None else min(max_new_tokens, budget)
+        if layer is not None:
+            self._check_attention_values(max_new_tokens, source.length, request.decoding.num_return_sequences)
         return PreparedRequest(
             request=request,
             source=source,
@@ -158,6 +162,18 @@ class ModelEngine:
             no_repeat_ngram_size=request.decoding.no_repeat_ngram_size,
             sampling=search_options.with_seed(request.decoding.sampling),
         )
+
+    def _check_attention_values(self, max_new_tokens: int, columns: int, sequences: int) -> None:
+        """Refuses attention that could outgrow the server's per-response limit, before any decoding."""
+        cap, sequences = self._max_attention_values, max(sequences, 1)
+        worst = max_new_tokens * columns * sequences
+        if cap and worst > cap:
+            times = f" x {sequences} sequences" if sequences > 1 else ""
+            raise ValueError(
+                f"attention for up to {max_new_tokens} new tokens x {columns} source columns{times} = {worst:,} "
+                f"values is over this server's --max-attention-values {cap:,}; ask for fewer max_new_tokens, "
+                "fewer sequences, or no attention"
+            )
 
     def _max_new_tokens(self, asked: int) -> int:
         limit = self.manifest.limits.max_new_tokens

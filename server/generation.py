@@ -265,6 +265,8 @@ class ModelInfo:
     max_text_chars: int = 0  # text models: the longest accepted text in characters; 0 for other kinds
     max_beam_size: int = 0  # the largest DecodingOptions.beam_size
     max_request_bytes: int = 0  # the largest GenerateRequest accepted; bigger ones are refused unparsed
+    max_attention_values: int = 0  # most attention weights in one response; 0 = only the model's own bounds
+    max_response_bytes: int = 0  # the largest response message the server sends
 
 
 # Errors raised by core code. The gRPC edge maps each type to one status code (see server/errors.py):

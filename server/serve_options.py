@@ -30,6 +30,7 @@ class ServeOptions:
     max_batch_size: int = 16
     batch_window_ms: float = 5.0  # --batching window: how long a worker waits for more requests
     max_queue_size: int = 256  # requests waiting per model beyond its running batch; more are RESOURCE_EXHAUSTED
+    max_attention_values: int = 0  # most attention weights per response; 0 = only the models' own bounds
     metrics_port: int | None = None  # serve Prometheus /metrics over HTTP; None = don't
     # Interface of the metrics listener. Loopback by default, whatever --host says: metrics name the models
     # and show the traffic, so exposing them is a separate, explicit choice.
@@ -61,6 +62,7 @@ def _problems(o: ServeOptions):
         ("--threads", o.threads, 1),
         ("--max-batch-size", o.max_batch_size, 1),
         ("--max-queue-size", o.max_queue_size, 1),
+        ("--max-attention-values", o.max_attention_values, 0),
     ):
         if value < least:
             yield f"{flag} must be at least {least}, got {value}"
@@ -112,6 +114,11 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--max-queue-size": (
         "max_queue_size",
         dict(type=int, help="requests waiting per model; more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+    ),
+    "--max-attention-values": (
+        "max_attention_values",
+        dict(type=int, help="most attention weights one response may carry; requests that could exceed it are "
+             "INVALID_ARGUMENT (default: %(default)s = only the models' own limits)"),
     ),
     "--metrics-port": ("metrics_port", dict(type=int, help="serve Prometheus /metrics over HTTP on this port")),
     "--metrics-host": (

@@ -1,0 +1,70 @@
+"""The per-response attention limit (--max-attention-values): refused before decoding, stated by GetModel."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from attnserve.clients.client import Client
+from attnserve.clients.errors import InvalidArgument
+from attnserve.server import app
+from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine import load_engine
+from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
+from attnserve.server.repository import find_models
+from attnserve.server.runtime import RuntimeOptions
+
+MODEL = "tiny-translate"
+WAIT = 60  # seconds; only a bound against hanging
+ATTENTION = AttentionOptions(enabled=True)
+
+
+@pytest.fixture(scope="module")
+def limited(tiny_model_repo):
+    engine = load_engine(find_models(tiny_model_repo)[MODEL], RuntimeOptions(), BatchingOptions(max_attention_values=40))
+    yield engine
+    engine.close()
+
+
+def test_attention_that_could_outgrow_the_limit_is_refused_before_decoding(limited):
+    # "Save the file" is 4 source columns with EOS; 20 new tokens x 4 columns = 80 values > 40.
+    asked = GenerationRequest(MODEL, "Save the file", decoding=DecodingOptions(max_new_tokens=20), attention=ATTENTION)
+    with pytest.raises(ValueError, match=r"over this server's --max-attention-values 40"):
+        limited.prepare(asked)
+
+
+def test_within_the_limit_or_without_attention_is_served(limited):
+    columns = len(limited.prepare(GenerationRequest(MODEL, "Save the file")).source.ids)
+    fits = GenerationRequest(MODEL, "Save the file", decoding=DecodingOptions(max_new_tokens=40 // columns),
+                             attention=ATTENTION)
+    result = limited.generate(fits, WAIT)
+    assert result.attention is not None and len(result.attention.weights) <= 40 // columns
+    unlimited = GenerationRequest(MODEL, "Save the file", decoding=DecodingOptions(max_new_tokens=20))
+    assert limited.generate(unlimited, WAIT).attention is None
+
+
+def test_the_limit_counts_every_returned_sequence(limited):
+    asked = GenerationRequest(MODEL, "Save", attention=ATTENTION,
+                              decoding=DecodingOptions(max_new_tokens=5, beam_size=4, num_return_sequences=4))
+    with pytest.raises(ValueError, match=r"x 4 sequences"):
+        limited.prepare(asked)
+
+
+def test_served_limit_is_invalid_argument_and_get_model_states_it(tiny_model_repo):
+    options = app.ServeOptions(models=str(tiny_model_repo), max_attention_values=40)
+    engines = app.load_engines(options)
+    try:
+        with app.BackgroundServer(engines) as background, Client(background.address) as client:
+            info = client.get_model(MODEL)
+            assert info.max_attention_values == 40 and info.max_response_bytes == 32 * 1024 * 1024
+            with pytest.raises(InvalidArgument, match="--max-attention-values 40") as refused:
+                client.translate("Save the file", to="zh-TW", attention=True, max_new_tokens=20, model=MODEL)
+            assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
+def test_a_negative_limit_names_its_flag():
+    with pytest.raises(ValueError, match="--max-attention-values must be at least 0"):
+        app.ServeOptions(max_attention_values=-1)
