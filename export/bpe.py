@@ -32,7 +32,8 @@ def new_tokenizer(split_punctuation: bool = False) -> Tokenizer:
     if split_punctuation:
         splits.append(pre_tokenizers.Split(Regex(PUNCTUATION_PATTERN), "isolated"))
     # Split pieces carry no "▁": the server's word grouping joins them to the word before.
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([*splits, pre_tokenizers.Metaspace("▁", prepend_scheme="first")])
+    metaspace = pre_tokenizers.Metaspace("▁", prepend_scheme="first")
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([*splits, metaspace])
     tokenizer.decoder = decoders.Metaspace("▁", prepend_scheme="first")
     return tokenizer
 

@@ -224,7 +224,8 @@ class Transformer(nn.Module):
         t = tgt_in.shape[1]
         positions = torch.arange(t, device=tgt_in.device).expand_as(tgt_in)
         self_mask = subsequent_mask(t).to(src.device)[None, None] & tgt_mask.bool()[:, None, None, :]
-        logits, _, _ = self.decode(tgt_in, positions, self_mask, self.empty_cache(src.shape[0], src.device), cross_kv, src_mask)
+        cache = self.empty_cache(src.shape[0], src.device)
+        logits, _, _ = self.decode(tgt_in, positions, self_mask, cache, cross_kv, src_mask)
         return logits
 
     @torch.no_grad()

@@ -272,7 +272,10 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         window_seconds=options.batch_window_ms / 1000,
         max_queue_size=options.max_queue_size,
         max_attention_values=options.max_attention_values,
-        continuous=SchedulingOptions() if options.batching == "continuous" else None,
+        max_beam_size=options.max_beam_size,
+        continuous=SchedulingOptions(options.max_rows, options.fair_share_row_steps)
+        if options.batching == "continuous"
+        else None,
     )
     broken: dict[str, str] | None = {} if options.skip_broken_models else None
     registry = engine.load_engines(options.models, runtime, batching, broken)

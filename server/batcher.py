@@ -48,6 +48,8 @@ class BatchingOptions:
     # Most attention weights one response may carry (an admission limit, like the queue's); 0 = no limit
     # beyond max_new_tokens x source columns per sequence.
     max_attention_values: int = 0
+    # Largest DecodingOptions.beam_size accepted (each beam is a row of the batch).
+    max_beam_size: int = 16
     # Continuous batching (requests join the running batch at every decode step) with these row and
     # fairness limits; None = windowed batches (requests join a batch only when it starts).
     continuous: SchedulingOptions | None = SchedulingOptions()
@@ -59,6 +61,8 @@ class BatchingOptions:
             raise ValueError(f"BatchingOptions.window_seconds must be >= 0, got {self.window_seconds}")
         if self.max_queue_size < 1:
             raise ValueError(f"BatchingOptions.max_queue_size must be >= 1, got {self.max_queue_size}")
+        if self.max_beam_size < 1:
+            raise ValueError(f"BatchingOptions.max_beam_size must be >= 1, got {self.max_beam_size}")
         if self.max_attention_values < 0:
             raise ValueError(f"BatchingOptions.max_attention_values must be >= 0, got {self.max_attention_values}")
 

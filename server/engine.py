@@ -43,7 +43,6 @@ from attnserve.server.tokenization import Tokenizer, check_text
 log = logging.getLogger(__name__)
 
 # Widest beam a request may ask for: every beam is a batch row, so this also bounds a request's cost.
-MAX_BEAM_SIZE = 16
 
 
 @dataclasses.dataclass
@@ -81,6 +80,7 @@ class ModelEngine:
         self.preprocessor = preprocessor or preprocessing.create(self.manifest, tokenizer)
         self._eos = self.manifest.special_tokens.eos
         self._max_attention_values = batching.max_attention_values
+        self._max_beam_size = batching.max_beam_size
         self._continuous = ContinuousLoop(self) if batching.continuous is not None else None
         loop = self._continuous.run if self._continuous is not None else None
         self._batcher = Batcher(self._process, batching, name=self.manifest.name, loop=loop)
@@ -100,7 +100,7 @@ class ModelEngine:
             attention_layers=m.attention.layers,
             attention_heads=m.attention.heads,
             max_text_chars=self.max_text_chars or 0,
-            max_beam_size=MAX_BEAM_SIZE,
+            max_beam_size=self._max_beam_size,
         )
         info = self.preprocessor.describe(info)
         wire = limits.request_bytes(limits.input_bytes(info, self.max_text_chars))
@@ -134,8 +134,8 @@ class ModelEngine:
             raise ValueError(f"unknown target language '{language}' for model '{m.name}'; supported: {supported}")
         max_new_tokens = self._max_new_tokens(request.decoding.max_new_tokens)
         beam_size = request.decoding.beam_size
-        if not 1 <= beam_size <= MAX_BEAM_SIZE:
-            raise ValueError(f"beam_size {beam_size} is out of range: use 1 (greedy) to {MAX_BEAM_SIZE}")
+        if not 1 <= beam_size <= self._max_beam_size:
+            raise ValueError(f"beam_size {beam_size} is out of range: use 1 (greedy) to {self._max_beam_size}")
         search_options.check_search(request.decoding, max_new_tokens)
         layer = self._attention_layer(request) if request.attention.enabled else None
         if request.text:

@@ -31,6 +31,9 @@ class ServeOptions:
     batch_window_ms: float = 5.0  # --batching window: how long a worker waits for more requests
     max_queue_size: int = 256  # requests waiting per model beyond its running batch; more are RESOURCE_EXHAUSTED
     max_attention_values: int = 0  # most attention weights per response; 0 = only the models' own bounds
+    max_beam_size: int = 16  # largest beam_size a request may ask for
+    max_rows: int = 64  # continuous batching: rows (beams count one each) decoding together per model
+    fair_share_row_steps: int = 512  # continuous batching: rows x steps before a request yields to the queue
     metrics_port: int | None = None  # serve Prometheus /metrics over HTTP; None = don't
     # Interface of the metrics listener. Loopback by default, whatever --host says: metrics name the models
     # and show the traffic, so exposing them is a separate, explicit choice.
@@ -63,12 +66,17 @@ def _problems(o: ServeOptions):
         ("--max-batch-size", o.max_batch_size, 1),
         ("--max-queue-size", o.max_queue_size, 1),
         ("--max-attention-values", o.max_attention_values, 0),
+        ("--max-beam-size", o.max_beam_size, 1),
+        ("--max-rows", o.max_rows, 1),
+        ("--fair-share-row-steps", o.fair_share_row_steps, 1),
     ):
         if value < least:
             yield f"{flag} must be at least {least}, got {value}"
     for flag, value in (("--batch-window-ms", o.batch_window_ms), ("--grace-seconds", o.grace_seconds)):
         if value < 0:
             yield f"{flag} must be >= 0, got {value}"
+    if o.batching == "continuous" and o.max_beam_size > o.max_rows:
+        yield f"--max-beam-size {o.max_beam_size} needs --max-rows of at least as many, got {o.max_rows}"
     if o.max_inflight_request_mb <= 0:
         yield f"--max-inflight-request-mb must be > 0, got {o.max_inflight_request_mb}"
     if (o.tls_cert is None) != (o.tls_key is None):
@@ -119,6 +127,17 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         "max_attention_values",
         dict(type=int, help="most attention weights one response may carry; requests that could exceed it are "
              "INVALID_ARGUMENT (default: %(default)s = only the models' own limits)"),
+    ),
+    "--max-beam-size": ("max_beam_size", dict(type=int, help="largest beam_size accepted (default: %(default)s)")),
+    "--max-rows": (
+        "max_rows",
+        dict(type=int, help="--batching continuous: rows (one per beam) decoding together per model; more "
+             "requests wait in the queue (default: %(default)s)"),
+    ),
+    "--fair-share-row-steps": (
+        "fair_share_row_steps",
+        dict(type=int, help="--batching continuous: rows x steps a request may spend before queued requests "
+             "get its place (default: %(default)s)"),
     ),
     "--metrics-port": ("metrics_port", dict(type=int, help="serve Prometheus /metrics over HTTP on this port")),
     "--metrics-host": (

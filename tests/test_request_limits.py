@@ -1,4 +1,5 @@
-"""The per-response attention limit (--max-attention-values): refused before decoding, stated by GetModel."""
+"""Server-wide request limits (--max-attention-values, --max-beam-size, --max-rows): refused before decoding
+with a message naming the flag, and stated by GetModel."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ ATTENTION = AttentionOptions(enabled=True)
 
 @pytest.fixture(scope="module")
 def limited(tiny_model_repo):
-    engine = load_engine(find_models(tiny_model_repo)[MODEL], RuntimeOptions(), BatchingOptions(max_attention_values=40))
+    model = find_models(tiny_model_repo)[MODEL]
+    engine = load_engine(model, RuntimeOptions(), BatchingOptions(max_attention_values=40))
     yield engine
     engine.close()
 
@@ -68,3 +70,32 @@ def test_served_limit_is_invalid_argument_and_get_model_states_it(tiny_model_rep
 def test_a_negative_limit_names_its_flag():
     with pytest.raises(ValueError, match="--max-attention-values must be at least 0"):
         app.ServeOptions(max_attention_values=-1)
+
+
+def test_beam_size_over_the_flag_is_refused_and_stated(tiny_model_repo):
+    options = app.ServeOptions(models=str(tiny_model_repo), max_beam_size=3)
+    engines = app.load_engines(options)
+    try:
+        with app.BackgroundServer(engines) as background, Client(background.address) as client:
+            assert client.get_model(MODEL).max_beam_size == 3
+            assert client.translate("Save", to="zh-TW", beam_size=3, model=MODEL).text is not None
+            with pytest.raises(InvalidArgument, match="beam_size 4 is out of range: use 1 \\(greedy\\) to 3"):
+                client.translate("Save", to="zh-TW", beam_size=4, model=MODEL)
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
+def test_scheduling_flags_reach_the_scheduler_and_are_checked(tiny_model_repo):
+    engines = app.load_engines(app.ServeOptions(models=str(tiny_model_repo), max_rows=8, fair_share_row_steps=99,
+                                                max_beam_size=8))
+    try:
+        engine = engines[MODEL]
+        engine.generate(GenerationRequest(MODEL, "Save"), WAIT)  # the loop makes its scheduler when it runs
+        scheduling = engine._continuous.scheduler.options
+        assert (scheduling.max_rows, scheduling.fair_share_row_steps) == (8, 99)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    with pytest.raises(ValueError, match="--max-beam-size 16 needs --max-rows of at least as many, got 8"):
+        app.ServeOptions(max_rows=8)
