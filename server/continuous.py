@@ -109,7 +109,7 @@ class ContinuousLoop:
                 inputs = engine.preprocessor.collate([p.source for p in prepared])
                 batch = Batch.build(engine.manifest, engine.runtime, inputs)
                 clock.encoded = time.perf_counter()
-                strategy = make_strategy(prepared, engine.manifest.special_tokens.eos)
+                strategy = make_strategy(prepared, engine.manifest.special_tokens.eos, batch.length_budget)
                 streaming = np.array([item.on_token is not None for item in members])
                 lane.add(batch, strategy, Cohort(members, clock, streaming, [[] for _ in members]))
             except Exception as exc:

@@ -101,6 +101,8 @@ class Batch:
         b = len(source_lengths)
         self.positions = np.zeros(b, dtype=np.int64)  # (B,) position of each row's next input token
         self.self_mask = np.zeros((b, 0), dtype=np.int64)  # (B, T) which cache slots each row may attend
+        # (B,) most new tokens per row from the encoder's length hint (manifest encoder.length_hint), or None.
+        self.length_budget: np.ndarray | None = None
 
     @classmethod
     def build(cls, manifest: Manifest, runtime: Runtime, inputs: EncoderBatch) -> Batch:
@@ -125,7 +127,12 @@ class Batch:
                     f"the manifest says?)"
                 )
         state = {s.input: _initial_state(s, len(inputs.lengths), width, tensors) for s in manifest.state}
-        return cls(manifest, runtime, static, state, np.asarray(inputs.lengths, dtype=np.int64))
+        batch = cls(manifest, runtime, static, state, np.asarray(inputs.lengths, dtype=np.int64))
+        hint = manifest.encoder.length_hint
+        if hint is not None:
+            estimate = np.asarray(tensors[hint.output], dtype=np.float64).reshape(-1)
+            batch.length_budget = np.ceil(hint.scale * estimate).astype(np.int64) + hint.offset
+        return batch
 
     def __len__(self) -> int:
         return len(self.source_lengths)
@@ -392,11 +399,14 @@ class DecodeStrategy(abc.ABC):
         eos: the end-of-sequence id.
     """
 
-    def __init__(self, requests: Sequence[PreparedRequest], eos: int):
+    def __init__(self, requests: Sequence[PreparedRequest], eos: int, length_budget: np.ndarray | None = None):
         self.requests = list(requests)
         self.eos = eos
         self._cancelled = np.zeros(len(self.requests), dtype=bool)
         self._max_new = np.array([r.max_new_tokens for r in self.requests], dtype=np.int64)  # (N,)
+        if length_budget is not None:  # the encoder's estimate, never below what the request insists on
+            floor = np.array([r.min_new_tokens for r in self.requests], dtype=np.int64)
+            self._max_new = np.minimum(self._max_new, np.maximum(length_budget, np.maximum(floor, 1)))
         self._source_lengths = np.array([r.source.length for r in self.requests], dtype=np.int64)  # (N,)
         self._wants_attention = np.array([r.keeps_attention for r in self.requests], dtype=bool)
         self.history = History(keep_attention=bool(self._wants_attention.any()))
@@ -577,8 +587,12 @@ def decode(batch: Batch, strategy: DecodeStrategy) -> Iterator[StepEvents]:
         yield events
 
 
-def make_strategy(requests: Sequence[PreparedRequest], eos: int) -> DecodeStrategy:
+def make_strategy(
+    requests: Sequence[PreparedRequest], eos: int, length_budget: np.ndarray | None = None
+) -> DecodeStrategy:
     """The strategy for requests that share one beam size (sampling and greedy rows share one batch).
+
+    `length_budget` (N,): most new tokens per request from the encoder's length hint (Batch.length_budget).
 
     Raises:
         ValueError: the requests have different beam sizes (the caller batches them apart).
@@ -590,7 +604,7 @@ def make_strategy(requests: Sequence[PreparedRequest], eos: int) -> DecodeStrate
         raise ValueError(f"one batch needs one beam size, got {sorted(sizes)}")
     size = sizes.pop()
     if size > 1:
-        return BeamSearch(requests, eos)
+        return BeamSearch(requests, eos, length_budget)
     if any(r.sampling is not None for r in requests):
-        return SampledSearch(requests, eos)
-    return GreedySearch(requests, eos)
+        return SampledSearch(requests, eos, length_budget)
+    return GreedySearch(requests, eos, length_budget)

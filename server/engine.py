@@ -264,7 +264,7 @@ class ModelEngine:
         clock = _Clock(start=time.perf_counter(), encoded=0.0)
         batch = Batch.build(self.manifest, self.runtime, self.preprocessor.collate([p.source for p in prepared]))
         clock.encoded = time.perf_counter()
-        strategy = make_strategy(prepared, self.manifest.special_tokens.eos)
+        strategy = make_strategy(prepared, self.manifest.special_tokens.eos, batch.length_budget)
 
         def leave(i: int, error: BaseException) -> tuple[int, BaseException]:
             """Answers request i with `error`; its rows leave the batch at the next step."""

@@ -61,10 +61,22 @@ class AttentionSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class LengthHint:
+    """An encoder output estimating each row's output length (e.g. a CTC head's best-path length): a row
+    stops after ceil(scale x hint) + offset new tokens, so a decoder caught in a loop stops near it."""
+
+    output: str  # encoder output, (B,) int64
+    scale: float = 1.0
+    offset: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class EncoderSpec:
     file: str
     # Role of each encoder input (as the model's input kind names them, e.g. "input_ids") -> graph input name.
     inputs: Mapping[str, str]
+    # Optional output-length estimate that bounds each row's new tokens (docs/model-contract.md).
+    length_hint: LengthHint | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,7 +329,13 @@ def _encoder(r: FieldReader, spec: InputSpec) -> EncoderSpec:
     if sorted(inputs.data) != roles:
         got = sorted(inputs.data)
         inputs.fail(f"must name the encoder input of each role of {spec.kind} input, {roles}; got {got}")
-    return EncoderSpec(file=r.string("file"), inputs=types.MappingProxyType({k: inputs.string(k) for k in roles}))
+    hint = None
+    if "length_hint" in r.data:
+        h = r.obj("length_hint")
+        hint = LengthHint(h.string("output"), h.number("scale", positive=True, default=1.0),
+                          h.integer("offset", 0, default=0))
+    return EncoderSpec(file=r.string("file"), inputs=types.MappingProxyType({k: inputs.string(k) for k in roles}),
+                       length_hint=hint)
 
 
 def _decoder(r: FieldReader) -> DecoderSpec:

@@ -149,6 +149,8 @@ def _check_encoder(m: Manifest, encoder: GraphSignature) -> None:
         name = m.encoder.inputs[role]
         _expect(encoder, "input", name, (contract.dtype,), len(contract.shape), f"encoder.inputs.{role}")
         _check_fixed_dims(encoder, name, contract.shape, skip=set())
+    if m.encoder.length_hint is not None:
+        _expect(encoder, "output", m.encoder.length_hint.output, ("int64",), 1, "encoder.length_hint.output")
     for s in m.static:
         if s.source not in encoder.inputs and s.source not in encoder.outputs:
             raise ValueError(f"{encoder.path}: static 'from' {s.source!r} is neither an input nor an output")

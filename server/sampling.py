@@ -20,8 +20,8 @@ from attnserve.server.generation import SamplingOptions
 class SampledSearch(GreedySearch):
     """Greedy search whose sampling requests draw their token instead of taking the most likely one."""
 
-    def __init__(self, requests: Sequence[PreparedRequest], eos: int):
-        super().__init__(requests, eos)
+    def __init__(self, requests: Sequence[PreparedRequest], eos: int, length_budget: np.ndarray | None = None):
+        super().__init__(requests, eos, length_budget)
         self._generators = [
             None if r.sampling is None else np.random.Generator(np.random.PCG64(r.sampling.seed)) for r in requests
         ]

@@ -6,6 +6,8 @@ features (the feature cache included), and one training step lowers the loss."""
 from __future__ import annotations
 
 import json
+import pathlib
+import shutil
 
 import numpy as np
 import onnx
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 from attnserve.export.speech import vocabulary
-from attnserve.export.speech.export import PARITY_CASES, export_model, parity
+from attnserve.export.speech.export import PARITY_CASES, export_model, parity, served_length_limit
 from attnserve.export.speech.feature_cache import FEATURES, load_split, wav_features
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig, pad_features
 from attnserve.export.speech.specaugment import AugmentOptions, SpecAugment, warp_mel
@@ -165,10 +167,47 @@ def test_served_transcripts_equal_the_pytorch_greedy_decode(model, repo, mode):
     assert {r.timings.batch_size for r in results} == {3}
     for data, result in zip(wavs, results):
         features, mask = pad_features([torch.from_numpy(wav_features(data))], 8)
-        tokens, attention = model.greedy_decode(features, mask, MAX_NEW, vocabulary.suppressed_ids())
+        with torch.no_grad():
+            ctc_length = int(model.encode_with_length(features, mask)[-1][0])
+        limit = served_length_limit(ctc_length, MAX_NEW)  # the served row stops there too
+        tokens, attention = model.greedy_decode(features, mask, limit, vocabulary.suppressed_ids())
         assert [t.id for t in result.tokens] == tokens[0] and len(tokens[0]) > 1
         assert result.text == tokenizer.decode(tokens[0])
         np.testing.assert_allclose(result.attention.weights, attention[0].numpy(), atol=ATOL)
+
+
+def hinted_copy(repo, tmp_path, **hint) -> pathlib.Path:
+    """The tiny model's repository with its manifest's encoder.length_hint changed."""
+    copy = tmp_path / "repo"
+    shutil.copytree(repo, copy)
+    path = copy / NAME / "1" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["encoder"]["length_hint"].update(hint)
+    path.write_text(json.dumps(manifest))
+    return copy
+
+
+@pytest.mark.parametrize("mode", BATCHING_MODES)
+def test_the_length_hint_stops_each_row_at_its_budget(repo, tmp_path, mode):
+    # scale ~0: every row may decode `offset` characters, unless it asks for more with min_new_tokens.
+    engine = load_engine(find_models(hinted_copy(repo, tmp_path, scale=1e-9, offset=2))[NAME], RuntimeOptions(),
+                         batching(mode, 2))
+    wav = wav_bytes(speech(2.3, seed=1), 16000)
+    try:
+        short, insisting = submit_together(engine, [
+            GenerationRequest(NAME, audio=AudioInput(wav=wav), decoding=DecodingOptions(MAX_NEW)),
+            GenerationRequest(NAME, audio=AudioInput(wav=wav), decoding=DecodingOptions(MAX_NEW, min_new_tokens=4)),
+        ])
+        short, insisting = short.result(WAIT), insisting.result(WAIT)
+    finally:
+        engine.close()
+    assert len(short.tokens) <= 3 and short.finish_reason.value == "length"  # offset 2, +1 for ceil(1e-9 x n)
+    assert len(insisting.tokens) == 4 and insisting.finish_reason.value == "length"  # its own floor, not EOS
+
+
+def test_a_length_hint_naming_no_encoder_output_is_refused(repo, tmp_path):
+    with pytest.raises(ValueError, match=r"encoder.onnx: has no output 'missing' \(encoder.length_hint.output\)"):
+        load_engine(find_models(hinted_copy(repo, tmp_path, output="missing"))[NAME], RuntimeOptions())
 
 
 # ---- features and vocabulary -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import pathlib
 
 import numpy as np
@@ -40,7 +41,17 @@ STATE = [
 ]
 ENCODER_INPUTS = ["input_features", "attention_mask"]
 ENCODER_OUTPUTS = ["encoder_hidden_states", "encoder_keys", "encoder_attention_mask",
-                   "initial_state.hidden", "initial_state.cell"]
+                   "initial_state.hidden", "initial_state.cell", "ctc_length"]
+# A row stops after ceil(scale x its CTC best-path length) + offset characters. Measured on 80 test clips
+# (seen and held-out voices) with the 1,926-step model: CER 85% -> 56%, WER 131% -> 89% against the
+# per-second cap alone; the CTC path itself had CER 39%.
+LENGTH_HINT = {"output": "ctc_length", "scale": 1.15, "offset": 3}
+
+
+def served_length_limit(ctc_length: int, max_new_tokens: int) -> int:
+    """The most characters the server lets a row decode given its CTC best-path length (as the manifest's
+    encoder.length_hint says), for offline references of served output."""
+    return min(max_new_tokens, math.ceil(LENGTH_HINT["scale"] * ctc_length) + LENGTH_HINT["offset"])
 STATIC = ["encoder_attention_mask", "encoder_hidden_states", "encoder_keys"]
 DECODER_INPUTS = ["input_ids", *STATIC, *(past for past, _, _ in STATE)]
 DECODER_OUTPUTS = ["logits", *(present for _, present, _ in STATE), "cross_attentions"]
@@ -49,15 +60,15 @@ PARITY_CASES = [(1, [13]), (1, [333]), (3, [101, 64, 9]), (4, [611, 250, 57, 400
 
 
 class EncoderGraph(nn.Module):
-    """input_features, attention_mask -> listener states, keys, reduced mask, the speller's first h and c."""
+    """input_features, attention_mask -> listener states, keys, reduced mask, the speller's first h and c, and
+    the CTC best-path length."""
 
     def __init__(self, model: ListenAttendSpell):
         super().__init__()
         self.model = model
 
     def forward(self, input_features, attention_mask):
-        memory, keys, reduced, h, c = self.model.encode(input_features, attention_mask)
-        return memory, keys, reduced, h, c
+        return self.model.encode_with_length(input_features, attention_mask)
 
 
 class DecoderStepGraph(nn.Module):
@@ -162,7 +173,7 @@ def build_manifest(model: ListenAttendSpell, name: str, version: int, max_second
         },
         "limits": {"max_new_tokens": max_new_tokens},
         "attention": {"output": "cross_attentions", "layers": 1, "heads": 1, "default_layer": -1},
-        "encoder": {"file": "encoder.onnx", "inputs": {n: n for n in ENCODER_INPUTS}},
+        "encoder": {"file": "encoder.onnx", "inputs": {n: n for n in ENCODER_INPUTS}, "length_hint": LENGTH_HINT},
         "decoder": {"file": "decoder.onnx", "inputs": {"input_ids": "input_ids"}, "outputs": {"logits": "logits"}},
         "static": [{"from": n, "to": n, "batch_axis": 0, "source_axis": 1} for n in STATIC],
         "state": state,
@@ -203,9 +214,9 @@ def parity(model: ListenAttendSpell, model_dir: pathlib.Path, cases=PARITY_CASES
         features, mask = pad_features(clips, model.cfg.time_reduction)
         onnx_enc = encoder.run(None, {"input_features": features.numpy(), "attention_mask": mask.numpy()})
         with torch.no_grad():
-            torch_enc = model.encode(features, mask)  # memory, keys, reduced, h, c
+            torch_enc = model.encode_with_length(features, mask)  # memory, keys, reduced, h, c, ctc_length
         record(ENCODER_OUTPUTS, onnx_enc, torch_enc)
-        memory, keys, reduced, h, c = torch_enc
+        memory, keys, reduced, h, c, _ = torch_enc
         context, previous = model.initial_context(batch), torch.zeros(reduced.shape)
         onnx_state = [onnx_enc[3], onnx_enc[4], context.numpy(), previous.numpy()]
         for _ in range(steps):

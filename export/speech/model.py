@@ -224,6 +224,18 @@ class ListenAttendSpell(nn.Module):
         h, c = self.speller.initial_state(memory, reduced)
         return memory, keys, reduced, h, c
 
+    def encode_with_length(self, features: torch.Tensor, mask: torch.Tensor):
+        """encode()'s outputs and (B,) the characters of each row's CTC best path (argmax per frame, repeats
+        merged, blanks dropped): the alignment-free head's estimate of the transcript's length, which the
+        server uses to stop a speller caught in a loop (manifest encoder.length_hint)."""
+        memory, reduced, ctc_states, ctc_mask = self.listener(features, mask)
+        keys = self.speller.attention.keys(memory)
+        h, c = self.speller.initial_state(memory, reduced)
+        best = self.ctc_head(ctc_states).argmax(-1)  # (B, T')
+        previous = torch.cat([torch.full_like(best[:, :1], -1), best[:, :-1]], dim=1)
+        emitted = (best != previous) & (best != vocabulary.BLANK_ID) & ctc_mask.bool()
+        return memory, keys, reduced, h, c, emitted.sum(1)
+
     def initial_context(self, batch: int) -> torch.Tensor:
         return torch.zeros(batch, 2 * self.cfg.listener_hidden)
 
