@@ -67,14 +67,31 @@ def status_lines(scores: dict, state: dict) -> list[str]:
     medians = sorted(1000 * t["start_median_s"] for t in timing)
     aligned = (f" Its attention aligns: the words it gets right are timed with a median start error of"
                f" {medians[0]:.0f}-{medians[-1]:.0f} ms.") if medians else ""
+    wer = max(s["wer"] for s in scores["splits"].values())
+    loops = (f"(CER up to {worst:.0%}) and loops on clips longer than a few seconds, whose insertions push WER"
+             " past 100%" if wer > 1 else
+             f"(CER up to {worst:.0%}, WER up to {wer:.0%}); on clips longer than a few seconds it tends to loop,"
+             " and the length hint (below) cuts those loops short")
     return [
         "## Status: undertrained",
         "",
         f"This version is the checkpoint after {state['seconds'] / 60:.0f} minutes of CPU training, exported as it"
-        f" is. It mishears most words (CER up to {worst:.0%}) and loops on clips longer than a few seconds, whose"
-        f" insertions push WER past 100%.{aligned} Train longer (the training command resumes; `--threads 2` on a"
-        " quiet machine) before using it for anything but the attention demo.",
+        f" is. It mishears many words {loops}.{aligned} Train longer (the training"
+        " command resumes; `--threads 2` on a quiet machine) before using it for anything but the attention demo.",
         "",
+    ]
+
+
+def length_hint_lines(manifest: dict) -> list[str]:
+    """How the served transcript's length is bounded (docs/model-contract.md, encoder.length_hint)."""
+    hint = manifest["encoder"].get("length_hint")
+    if hint is None:
+        return []
+    return [
+        f"- Each transcript stops after ceil({hint['scale']:g} x n) + {hint['offset']} characters, n being the length of"
+        f" the CTC head's best path (`{hint['output']}`, an encoder output), and after"
+        f" {manifest['input'].get('max_tokens_per_second', '-')} characters per second of audio: a speller caught in"
+        " a loop stops near the clip's length.",
     ]
 
 
@@ -102,6 +119,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path)
         f" {cfg['location_kernel']} over the previous step's weights); {cfg['vocab_size']} output ids (26 letters, apostrophe, word marker,"
         f" 4 specials); {params / 1e6:.2f}M parameters served.",
         f"- Limits: {manifest['input']['max_seconds']:g} s of audio, {manifest['limits']['max_new_tokens']} characters.",
+        *length_hint_lines(manifest),
         "",
         "## Training",
         f"- {state['step']:,} steps, {state['epoch']} epochs + {state['batch_in_epoch']:,} batches,"
