@@ -9,7 +9,8 @@
     attnserve health --address a:50051,b:50051
     attnserve web --port 8080                     # the browser demo, calling the server at --address
 
-Only `serve` needs the serving core (ONNX Runtime); it is imported when that subcommand runs.
+Only `serve` needs the serving core (ONNX Runtime); it is imported when that subcommand runs. The client
+distribution (clients/standalone/) installs the same commands but `serve` and `web` as `attnserve-client`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import enum
+import importlib
 import json
 import os
 import shutil
@@ -38,9 +40,19 @@ from attnserve.clients.client import (
 from attnserve.server.generation import GenerationRequest, GenerationResult, InputKind, ModelInfo, SamplingOptions
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the command line; returns the exit status (also used by the console script)."""
-    args = _parser().parse_args(argv)
+_CLIENT_DESCRIPTION = (
+    "The `attnserve-client` command: translate, transcribe or caption through a server, compare its models, list them."
+)
+
+
+def main(argv: Sequence[str] | None = None, server_commands: bool = True) -> int:
+    """Runs the command line; returns the exit status (also used by the console script).
+
+    Args:
+        argv: the arguments; None = sys.argv[1:].
+        server_commands: False = the client distribution's command, without `serve` and `web`.
+    """
+    args = _parser(server_commands).parse_args(argv)
     try:
         status = args.run(args) or 0  # a command that printed a partial failure returns 1
         sys.stdout.flush()  # a closed pipe shows here, not as an "Exception ignored" at exit
@@ -56,6 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
+def client_main(argv: Sequence[str] | None = None) -> int:
+    """The `attnserve-client` command of the client distribution: every command but `serve` and `web`."""
+    return main(argv, server_commands=False)
+
+
 def _discard_stdout() -> None:
     """Points stdout at /dev/null, so that flushing it at exit cannot fail again."""
     try:
@@ -66,16 +83,20 @@ def _discard_stdout() -> None:
         pass
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnserve", description=__doc__.splitlines()[0])
+def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
+    if server_commands:
+        parser = argparse.ArgumentParser(prog="attnserve", description=__doc__.splitlines()[0])
+    else:
+        parser = argparse.ArgumentParser(prog="attnserve-client", description=_CLIENT_DESCRIPTION)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="serve a model repository over gRPC")
-    # The flags and their defaults live beside the server's options (server/serve_options.py).
-    from attnserve.server import serve_options
+    if server_commands:
+        serve = commands.add_parser("serve", help="serve a model repository over gRPC")
+        # The flags and their defaults live beside the server's options (server/serve_options.py).
+        from attnserve.server import serve_options
 
-    serve_options.add_arguments(serve)
-    serve.set_defaults(run=_serve)
+        serve_options.add_arguments(serve)
+        serve.set_defaults(run=_serve)
 
     translate = commands.add_parser("translate", help="translate text and optionally show the attention")
     translate.add_argument("text")
@@ -159,11 +180,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_address(health)
     health.set_defaults(run=_health)
 
-    web = commands.add_parser("web", help="serve the browser demo, an HTTP gateway to the server at --address")
-    web.add_argument("--host", default="127.0.0.1", help="interface of the page (default: %(default)s)")
-    web.add_argument("--port", type=int, default=8080, help="HTTP port of the page (default: %(default)s)")
-    _add_address(web)
-    web.set_defaults(run=_web)
+    if server_commands:
+        web = commands.add_parser("web", help="serve the browser demo, an HTTP gateway to the server at --address")
+        web.add_argument("--host", default="127.0.0.1", help="interface of the page (default: %(default)s)")
+        web.add_argument("--port", type=int, default=8080, help="HTTP port of the page (default: %(default)s)")
+        _add_address(web)
+        web.set_defaults(run=_web)
     return parser
 
 
@@ -232,9 +254,7 @@ def _translate(args: argparse.Namespace) -> None:
         )
         result = _print_stream(client, request) if args.stream else client.generate(request)
     if args.attention:
-        from attnserve.clients import plot  # matplotlib: only this option draws a PNG
-
-        plot.save_attention(result.attention, args.attention)
+        _drawing("plot").save_attention(result.attention, args.attention)
     if args.json:
         print(json.dumps(dataclasses.asdict(result), default=_enum_value, ensure_ascii=False, indent=2))
         return
@@ -273,9 +293,7 @@ def _transcribe(args: argparse.Namespace) -> None:
                                 beam_size=args.beam_size)
         result = client.generate(request)
     if args.attention:
-        from attnserve.clients import plot  # matplotlib: only this option draws a PNG
-
-        plot.save_timeline(result.words, result.attention, args.attention)
+        _drawing("plot").save_timeline(result.words, result.attention, args.attention)
     if args.json:
         print(json.dumps(dataclasses.asdict(result), default=_enum_value, ensure_ascii=False, indent=2))
         return
@@ -295,15 +313,28 @@ def _caption(args: argparse.Namespace) -> None:
                                 beam_size=args.beam_size)
         result = client.generate(request)
     if args.attention is not None:
-        from attnserve.clients import overlay  # Pillow: only this option draws
-
-        overlay.render(data, result.attention).save(args.attention)
+        _drawing("overlay").render(data, result.attention).save(args.attention)
     if args.json:
         print(json.dumps(dataclasses.asdict(result), default=_enum_value, ensure_ascii=False, indent=2))
         return
     print(result.text)
     if args.attention is not None:
         print(f"attention of each word: {args.attention}")
+
+
+def _drawing(module: str):
+    """clients/plot or clients/overlay, which import matplotlib or Pillow and numpy: only PNG output needs them.
+
+    Raises:
+        SystemExit: they are not installed (the `plot` extra of either distribution brings them).
+    """
+    try:
+        return importlib.import_module(f"attnserve.clients.{module}")
+    except ImportError as exc:
+        raise SystemExit(
+            f"error: drawing a PNG needs the plot extra (pip install 'attnserve-client[plot]', or 'attnserve[plot]' "
+            f"beside the server): {exc}"
+        ) from None
 
 
 def _read_input(path: str) -> bytes:

@@ -5,7 +5,7 @@ the same code the server uses) and raise a subclass of `AttnServeError` for each
 (`clients/errors.py`). Each call has a deadline (`timeout`, covering its retries), is retried with backoff
 when the server is unavailable or overloaded (`clients/retry.py`), and goes to the next of the client's
 addresses in turn (`clients/connection.py`). Neither client imports the serving core, so a client install
-needs no ONNX Runtime.
+needs no ONNX Runtime: the client distribution (clients/standalone/) needs only grpcio and protobuf.
 
 Example:
     with Client("localhost:50051") as client:
@@ -22,9 +22,9 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
-import numpy as np
 from attnserve.clients import errors
 from attnserve.clients.connection import ChannelPool, TlsOptions, call_metadata, split_addresses
 from attnserve.clients.errors import AttnServeError
@@ -43,7 +43,10 @@ from attnserve.server.generation import (
     StreamedToken,
 )
 from attnserve.v1 import attnserve_pb2 as pb
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from google.protobuf import wrappers_pb2
+
+if TYPE_CHECKING:  # raw audio samples: whoever passes an array has numpy; the client itself needs none
+    import numpy as np
 
 __all__ = [
     "AsyncClient",
@@ -59,6 +62,12 @@ __all__ = [
 DEFAULT_ADDRESS = f"localhost:{convert.DEFAULT_PORT}"
 DEFAULT_MODEL = "translate-zh-en"
 DEFAULT_RETRY = RetryPolicy()
+
+# The standard health service, called without grpcio-health-checking's stubs (one dependency fewer for a
+# client install): its request {string service = 1} and response {ServingStatus status = 1} have the wire
+# form of protobuf's StringValue and Int32Value; the names are grpc/health/v1/health.proto's ServingStatus.
+_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+_SERVING_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
 
 def translation_request(
@@ -119,6 +128,8 @@ def audio_request(audio: bytes | np.ndarray, sample_rate_hz: int = 0, *, model: 
     if isinstance(audio, (bytes, bytearray)):
         data = AudioInput(wav=bytes(audio), sample_rate_hz=sample_rate_hz)
     else:
+        import numpy as np  # raw samples: an array or a list of floats, which needs numpy here
+
         data = AudioInput(samples=np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate_hz=sample_rate_hz)
     return dataclasses.replace(translation_request("", model=model, **options), audio=data)
 
@@ -253,10 +264,14 @@ class Client(_Settings):
         """
         statuses = {}
         for endpoint in self._pool.endpoints:
-            stub = health_pb2_grpc.HealthStub(endpoint.channel)
+            check = endpoint.channel.unary_unary(
+                _HEALTH_CHECK,
+                request_serializer=wrappers_pb2.StringValue.SerializeToString,
+                response_deserializer=wrappers_pb2.Int32Value.FromString,
+            )
             try:
-                response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
-                statuses[endpoint.address] = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+                response = check(wrappers_pb2.StringValue(value=service), timeout=self.timeout)
+                statuses[endpoint.address] = _SERVING_STATUS.get(response.value, "UNKNOWN")
             except grpc.RpcError as exc:
                 statuses[endpoint.address] = exc.code().name
         return statuses

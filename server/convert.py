@@ -2,14 +2,13 @@
 
 The servicer converts each request once on the way in and each result once on the way out; the clients
 do the reverse with the same functions, so both ends agree on every default by construction. This module
-imports only protobuf stubs and `generation`, never grpc or the runtime, so clients can use it.
+imports only protobuf stubs and `generation`, never grpc or the runtime, so clients can use it; numpy only
+where raw audio samples are converted, so the client distribution (clients/standalone/) needs none.
 """
 
 from __future__ import annotations
 
 import dataclasses
-
-import numpy as np
 
 from attnserve.server import generation as gen
 from attnserve.v1 import attnserve_pb2 as pb
@@ -131,12 +130,18 @@ def _decoding_to_proto(options: gen.DecodingOptions) -> pb.DecodingOptions:
 
 
 def _audio_from_proto(msg: pb.AudioInput) -> gen.AudioInput:
+    import numpy as np  # here, not at the top: see the module docstring
+
     samples = np.array(msg.samples, dtype=np.float32) if len(msg.samples) else None
     return gen.AudioInput(wav=msg.data, samples=samples, sample_rate_hz=msg.sample_rate_hz)
 
 
 def _audio_to_proto(audio: gen.AudioInput) -> pb.AudioInput:
-    samples = [] if audio.samples is None else np.asarray(audio.samples, dtype=np.float32).tolist()
+    samples = []
+    if audio.samples is not None:  # raw samples: an array, so numpy is installed (a WAV file needs none)
+        import numpy as np
+
+        samples = np.asarray(audio.samples, dtype=np.float32).tolist()
     return pb.AudioInput(data=audio.wav, samples=samples, sample_rate_hz=audio.sample_rate_hz)
 
 

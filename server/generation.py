@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # only raw audio samples are arrays: the client distribution installs without numpy
+    import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +84,12 @@ class AudioInput:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, AudioInput):
             return NotImplemented
-        same_samples = (self.samples is None) == (other.samples is None) and (
-            self.samples is None or np.array_equal(self.samples, other.samples)
-        )
+        if self.samples is None or other.samples is None:
+            same_samples = self.samples is other.samples  # both None
+        else:
+            import numpy as np  # two arrays: numpy is loaded already (see the import above)
+
+            same_samples = np.array_equal(self.samples, other.samples)
         return self.wav == other.wav and self.sample_rate_hz == other.sample_rate_hz and same_samples
 
     __hash__ = None
