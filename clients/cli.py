@@ -451,6 +451,8 @@ def _models(args: argparse.Namespace) -> None:
         limits += [f"{info.max_attention_values:,} attention values"] if info.max_attention_values else []
         print(f"  limits: {', '.join(limits)}")
         print(f"  attention: {info.attention_layers} layers x {info.attention_heads} heads")
+        if info.variant:
+            print(f"  graphs: the {info.variant} variant")
 
 
 def _health(args: argparse.Namespace) -> int:

@@ -47,24 +47,25 @@ def translate(model, tokenizer, texts: list[str], target: str, batch_size: int =
 
 
 def translate_served(
-    repository: pathlib.Path, name: str, texts: list[str], target: str, max_new: int = 128, beam_size: int = 1
+    repository: pathlib.Path, name: str, texts: list[str], target: str, max_new: int = 128, beam_size: int = 1,
+    variant: str | None = None,
 ) -> list[str]:
     """The same translations through the serving engine (ONNX Runtime, dynamic batching), in input order."""
-    engine = open_engine(repository, name)
+    engine = open_engine(repository, name, variant)
     try:
         return translate_with(engine, texts, target, max_new, beam_size)
     finally:
         engine.close()
 
 
-def open_engine(repository: pathlib.Path, name: str):
-    """One served model of a repository, as `attnserve serve` runs it (only that model is loaded)."""
+def open_engine(repository: pathlib.Path, name: str, variant: str | None = None):
+    """One served model of a repository, as `attnserve serve [--variant]` runs it (only that model is loaded)."""
     from attnserve.server.batcher import BatchingOptions
     from attnserve.server.engine import load_engine
     from attnserve.server.repository import find_models
     from attnserve.server.runtime import RuntimeOptions
 
-    return load_engine(find_models(repository)[name], RuntimeOptions(), BatchingOptions())
+    return load_engine(find_models(repository)[name], RuntimeOptions(variant=variant), BatchingOptions())
 
 
 def translate_with(engine, texts: list[str], target: str, max_new: int = 128, beam_size: int = 1) -> list[str]:
@@ -107,7 +108,8 @@ def spread(indices: list[int], n: int) -> list[int]:
 
 
 def evaluate(
-    checkpoint: pathlib.Path, split: pathlib.Path, limit: int, examples: int, served=None, beam_size: int = 1
+    checkpoint: pathlib.Path, split: pathlib.Path, limit: int, examples: int, served=None, beam_size: int = 1,
+    variant: str | None = None,
 ) -> dict:
     """Scores the checkpoint; with `served` = (repository, model name), also the exported model as served,
     greedy and, when `beam_size` > 1, with beam search."""
@@ -146,6 +148,14 @@ def evaluate(
             served_hypotheses = translate_served(*served, sources, target)
             result["served"] = score(served_hypotheses, references, target)
             result["served"]["identical_to_pytorch"] = sum(a == b for a, b in zip(served_hypotheses, hypotheses))
+            if variant:
+                # Quantized graphs: not identical, so scored side by side with the float32 ones.
+                started = time.perf_counter()
+                variant_hypotheses = translate_served(*served, sources, target, variant=variant)
+                result["served_variant"] = {"variant": variant, **score(variant_hypotheses, references, target),
+                                            "identical_to_default": sum(
+                                                a == b for a, b in zip(variant_hypotheses, served_hypotheses)),
+                                            "seconds": round(time.perf_counter() - started, 1)}
             if beam_size > 1:
                 beams = translate_served(*served, sources, target, beam_size=beam_size)
                 result["served_beam"] = {"beam_size": beam_size, **score(beams, references, target)}
@@ -164,10 +174,12 @@ def main() -> None:
     parser.add_argument("--served-models", type=pathlib.Path, help="also score this repository's exported model")
     parser.add_argument("--served-name", default="translate-zh-en")
     parser.add_argument("--served-beam-size", type=int, default=1, help="also score served beam search")
+    parser.add_argument("--served-variant", help="also score this manifest variant's graphs (e.g. int8)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     served = (args.served_models, args.served_name) if args.served_models else None
-    report = evaluate(args.checkpoint, args.split, args.limit, args.examples, served, args.served_beam_size)
+    report = evaluate(args.checkpoint, args.split, args.limit, args.examples, served, args.served_beam_size,
+                      args.served_variant)
     text = json.dumps(report, indent=2, ensure_ascii=False)
     if args.out:
         args.out.write_text(text + "\n")

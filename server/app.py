@@ -266,7 +266,7 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
     from attnserve.server.runtime import RuntimeOptions
     from attnserve.server.scheduler import SchedulingOptions
 
-    runtime = RuntimeOptions(device=options.device, intra_op_threads=options.threads)
+    runtime = RuntimeOptions(device=options.device, intra_op_threads=options.threads, variant=options.variant)
     batching = BatchingOptions(
         max_batch_size=options.max_batch_size,
         window_seconds=options.batch_window_ms / 1000,

@@ -99,6 +99,7 @@ class ModelEngine:
             max_new_tokens=m.limits.max_new_tokens,
             attention_layers=m.attention.layers,
             attention_heads=m.attention.heads,
+            variant=self.runtime.variant,
             max_text_chars=self.max_text_chars or 0,
             max_beam_size=self._max_beam_size,
         )

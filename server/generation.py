@@ -272,6 +272,7 @@ class ModelInfo:
     max_request_bytes: int = 0  # the largest GenerateRequest accepted; bigger ones are refused unparsed
     max_attention_values: int = 0  # most attention weights in one response; 0 = only the model's own bounds
     max_response_bytes: int = 0  # the largest response message the server sends
+    variant: str = ""  # the manifest variant whose graphs are served ("" = the default graphs)
 
 
 # Errors raised by core code. The gRPC edge maps each type to one status code (see server/errors.py):

@@ -130,6 +130,14 @@ class StateSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class Variant:
+    """Other graphs of the same model, e.g. int8-quantized ones, served when `attnserve serve --variant` asks."""
+
+    encoder_file: str
+    decoder_file: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     format_version: int
     name: str
@@ -150,6 +158,8 @@ class Manifest:
     state: tuple[StateSpec, ...]
     # What the encoder reads; a manifest without `input` is a text model.
     input: InputSpec = TextInputSpec()
+    # Variant name (e.g. "int8") -> its graphs; same inputs, outputs and tokenizer as the default ones.
+    variants: Mapping[str, Variant] = dataclasses.field(default_factory=dict)
 
 
 class FieldReader:
@@ -280,9 +290,19 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         static=tuple(_static(s) for s in r.items("static")),
         state=tuple(_state(s) for s in r.items("state")),
         input=input_spec,
+        variants=_variants(r),
     )
     _check_consistency(manifest, where)
     return manifest
+
+
+def _variants(r: FieldReader) -> Mapping[str, Variant]:
+    if "variants" not in r.data:
+        return types.MappingProxyType({})
+    variants = r.obj("variants")
+    return types.MappingProxyType({
+        name: Variant(v.string("encoder"), v.string("decoder")) for name in variants.data for v in [variants.obj(name)]
+    })
 
 
 def _limits(r: FieldReader, spec: InputSpec) -> Limits:

@@ -8,10 +8,13 @@ broken export fails at startup with a message naming the file, not at the first 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
 
 from attnserve.server.manifest import Manifest, load_manifest
 from attnserve.server.runtime import GraphSignature, Runtime, RuntimeOptions
+
+logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.json"
 # The contract fixes these dtypes; state dtypes come from the manifest, encoder inputs from its `input`.
@@ -36,6 +39,13 @@ class ModelVersion:
     @property
     def decoder_path(self) -> pathlib.Path:
         return self.path / self.manifest.decoder.file
+
+    def graph_paths(self, variant: str | None) -> tuple[pathlib.Path, pathlib.Path]:
+        """Encoder and decoder files of `variant` (None, or one this model lacks: the default graphs)."""
+        chosen = self.manifest.variants.get(variant) if variant else None
+        if chosen is None:
+            return self.encoder_path, self.decoder_path
+        return self.path / chosen.encoder_file, self.path / chosen.decoder_file
 
     @property
     def tokenizer_path(self) -> pathlib.Path:
@@ -96,10 +106,16 @@ def load_model_version(folder: pathlib.Path) -> ModelVersion:
         raise ValueError(f"{where}: name {manifest.name!r} differs from its model folder {folder.parent.name!r}")
     if manifest.version != int(folder.name):
         raise ValueError(f"{where}: version {manifest.version} differs from its version folder {folder.name!r}")
+    variant_files = [
+        (f"variants.{name}.{graph}", file)
+        for name, v in manifest.variants.items()
+        for graph, file in (("encoder", v.encoder_file), ("decoder", v.decoder_file))
+    ]
     for field, file in (
         ("encoder.file", manifest.encoder.file),
         ("decoder.file", manifest.decoder.file),
         ("tokenizer.file", manifest.tokenizer.file),
+        *variant_files,
     ):
         if not (folder / file).is_file():
             raise ValueError(f"{folder / file}: file named by {where} field '{field}' does not exist")
@@ -112,7 +128,11 @@ def open_runtime(model: ModelVersion, options: RuntimeOptions = RuntimeOptions()
     Raises:
         ValueError: a graph cannot be loaded or disagrees with the manifest.
     """
-    runtime = Runtime(model.encoder_path, model.decoder_path, options)
+    variant = options.variant if options.variant in model.manifest.variants else None
+    if options.variant and variant is None:
+        logger.info("model %r has no %r variant: serving its default graphs", model.name, options.variant)
+    runtime = Runtime(*model.graph_paths(variant), options)
+    runtime.variant = variant or ""
     check_signatures(model.manifest, runtime.encoder_signature, runtime.decoder_signature)
     return runtime
 

@@ -35,6 +35,8 @@ class RuntimeOptions:
     intra_op_threads: int = 1
     # Threads for running independent graph branches in parallel.
     inter_op_threads: int = 1
+    # Manifest variant whose graphs to run where a model has it (e.g. "int8"); None = the default graphs.
+    variant: str | None = None
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -119,6 +121,7 @@ class Runtime:
         self, encoder_path: pathlib.Path, decoder_path: pathlib.Path, options: RuntimeOptions = RuntimeOptions()
     ):
         self.options = options
+        self.variant = ""  # the manifest variant these graphs are ("" = default); set by open_runtime
         self._encoder = _open_session(pathlib.Path(encoder_path), options)
         self._decoder = _open_session(pathlib.Path(decoder_path), options)
         self.encoder_signature = _signature(pathlib.Path(encoder_path), self._encoder)

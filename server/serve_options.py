@@ -32,6 +32,7 @@ class ServeOptions:
     max_queue_size: int = 256  # requests waiting per model beyond its running batch; more are RESOURCE_EXHAUSTED
     max_attention_values: int = 0  # most attention weights per response; 0 = only the models' own bounds
     max_beam_size: int = 16  # largest beam_size a request may ask for
+    variant: str | None = None  # serve each model's graphs of this manifest variant (e.g. int8) where it has one
     max_rows: int = 64  # continuous batching: rows (beams count one each) decoding together per model
     fair_share_row_steps: int = 512  # continuous batching: rows x steps before a request yields to the queue
     metrics_port: int | None = None  # serve Prometheus /metrics over HTTP; None = don't
@@ -127,6 +128,11 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         "max_attention_values",
         dict(type=int, help="most attention weights one response may carry; requests that could exceed it are "
              "INVALID_ARGUMENT (default: %(default)s = only the models' own limits)"),
+    ),
+    "--variant": (
+        "variant",
+        dict(help="serve each model's graphs of this manifest variant (e.g. int8) where it has one; models "
+             "without it serve their default graphs"),
     ),
     "--max-beam-size": ("max_beam_size", dict(type=int, help="largest beam_size accepted (default: %(default)s)")),
     "--max-rows": (

@@ -337,7 +337,8 @@ def speller_manifest() -> dict:
         "limits": {"max_new_tokens": 400},
         "attention": {"output": "cross_attentions", "layers": 1, "heads": 1},
         "encoder": {"file": "encoder.onnx",
-                    "inputs": {"input_features": "input_features", "attention_mask": "attention_mask"}},
+                    "inputs": {"input_features": "input_features", "attention_mask": "attention_mask"},
+                    "length_hint": {"output": "ctc_length", "scale": 1.0, "offset": 3}},
         "decoder": {"file": "decoder.onnx", "inputs": {"input_ids": "input_ids"}, "outputs": {"logits": "logits"}},
         "static": [
             {"from": "encoder_attention_mask", "to": "encoder_attention_mask", "batch_axis": 0, "source_axis": 1},
