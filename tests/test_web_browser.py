@@ -1,4 +1,5 @@
 """The demo page in headless Chromium (Debian's, driven by Playwright): type, upload, hover, see the highlight.
+Text, a WAV file, the microphone and a PNG image each go through the page to the tiny models behind the gateway.
 
 Skipped without Playwright or a Chromium executable (`apt-get install chromium`; Playwright's own browser
 download is not used). Set ATTNSERVE_CHROMIUM to use another executable, and ATTNSERVE_DEMO_SCREENSHOT to a
@@ -17,12 +18,13 @@ import pytest
 pytest.importorskip("aiohttp", reason="the web gateway needs the `web` extra (aiohttp)")
 sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need Playwright (the `dev` extra)")
 
-from attnserve.clients.client import Client, audio_request, translation_request  # noqa: E402
+from attnserve.clients.client import Client, audio_request, image_request, translation_request  # noqa: E402
 from attnserve.server import app  # noqa: E402
 from conftest import TINY_MODEL_NAME, TINY_SPEECH_NAME  # noqa: E402
 from fakes import WAIT, wav_bytes  # noqa: E402
 
 import gateway_thread  # noqa: E402
+import tiny_image  # noqa: E402
 from gateway_thread import BackgroundGateway  # noqa: E402
 
 CHROMIUM = os.environ.get("ATTNSERVE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -46,9 +48,23 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def demo(tiny_model_repo, tiny_speech_repo):
-    """(gateway url, client): the tiny translator and speech model on one server, behind the gateway."""
-    with gateway_thread.demo(tiny_model_repo, tiny_speech_repo) as served:
+def tiny_image_repo(tmp_path_factory):
+    """The tiny captioner with its attention sharpened (scores x 30, queries x 10): with random weights alone
+    every word looks at the grid almost evenly, and the highlight should move from word to word as a trained
+    model's does."""
+    import torch
+
+    model = tiny_image.captioner(seed=3)
+    with torch.no_grad():
+        model.speller.attention.v.weight.mul_(30)
+        model.speller.attention.query_proj.weight.mul_(10)
+    return tiny_image.export_repo(model, tmp_path_factory.mktemp("image_repo"))
+
+
+@pytest.fixture(scope="module")
+def demo(tiny_model_repo, tiny_speech_repo, tiny_image_repo):
+    """(gateway url, client): the tiny translator, speech model and captioner on one server, behind the gateway."""
+    with gateway_thread.demo(tiny_model_repo, tiny_speech_repo, tiny_image_repo) as served:
         yield served
 
 
@@ -138,6 +154,76 @@ def test_upload_a_clip_and_hover_its_words(page, demo, tmp_path):
     width = (word.end_seconds - word.start_seconds) / duration * 100
     assert float(mark[1].rstrip("%")) == pytest.approx(width, abs=1e-2)
     page.screenshot(path=str(tmp_path / "transcribe.png"), full_page=True)
+
+
+def shading(page) -> list[float]:
+    """Each grid cell's shade as drawn: the alpha of its computed background colour."""
+    script = "cells => cells.map(c => getComputedStyle(c).backgroundColor)"  # rgba(r, g, b, a), or rgb(r, g, b)
+    colours = page.eval_on_selector_all("#cells .column", script)
+    return [float(c.split(",")[3].rstrip(")")) if c.startswith("rgba") else 1.0 for c in colours]
+
+
+def hover_a_caption_word(page, rows: list[list[float]], labels: list[str], row: int) -> int:
+    """Hovers caption word `row`; checks every cell shows its weight and the peak cell lies on the picture where
+    its label's pixel box says (the model's 16 x 16 pixels squeezed onto the shown image). Returns the peak."""
+    page.hover(f'#output span[data-row="{row}"]')
+    assert page.get_attribute(f'#output span[data-row="{row}"]', "class") == "active"
+    np.testing.assert_allclose(weights(page, "#cells .column"), rows[row], atol=1e-4)
+    np.testing.assert_allclose(shading(page), np.array(rows[row]) / max(rows[row]), atol=5e-3)
+    peak = int(np.argmax(rows[row]))
+    x0, y0, x1, y1 = (int(v) for v in labels[peak].split(":")[1].split(","))
+    image = page.locator("#image").bounding_box()
+    cell = page.locator(f'#cells .column[data-col="{peak}"]').bounding_box()
+    side = tiny_image.config().image_size
+    expected = [image["x"] + x0 / side * image["width"], image["y"] + y0 / side * image["height"],
+                (x1 - x0) / side * image["width"], (y1 - y0) / side * image["height"]]
+    np.testing.assert_allclose([cell["x"], cell["y"], cell["width"], cell["height"]], expected, atol=1)
+    return peak
+
+
+def test_upload_an_image_and_hover_its_words(page, demo, tmp_path):
+    url, client = demo
+    picture = tmp_path / "scene.png"
+    picture.write_bytes(tiny_image.encode(tiny_image.pixels(96, 160, seed=1)))  # wider than the model's square
+    open_page(page, url, tiny_image.NAME)
+    assert page.is_visible("#image-input") and all(page.is_hidden(p) for p in ("#text-input", "#audio-input"))
+
+    # The gateway's answer, kept on its way to the page: Response.json() finds this body already evicted from
+    # Chromium's inspector cache, so a route fetches it, keeps a copy and passes it on.
+    answers = []
+
+    def record(route):
+        response = route.fetch()
+        answers.append((route.request.headers["content-type"], response.status, response.json()))
+        route.fulfill(response=response)
+
+    page.route("**/api/generate*", record)
+    page.set_input_files("#image-file", str(picture))
+    page.wait_for_selector("#output span")
+    page.wait_for_function("() => document.getElementById('image').complete")
+    assert page.eval_on_selector("#image", "i => [i.naturalWidth, i.naturalHeight]") == [160, 96]  # the upload
+
+    # The page shows the gateway's answer, which is the server's answer to a direct call for the same file.
+    [(content_type, status, answer)] = answers
+    assert (content_type, status) == ("image/png", 200)
+    request = image_request(picture.read_bytes(), model=tiny_image.NAME, attention=True, granularity="words")
+    expected = client.generate(request).attention
+    assert page.inner_text("#output").split() == expected.row_labels == answer["attention"]["row_labels"]
+    np.testing.assert_allclose(answer["attention"]["weights"], expected.weights, atol=1e-6)
+    assert page.is_visible("#picture") and all(page.is_hidden(p) for p in ("#source", "#timeline", "#error"))
+    assert weights(page, "#cells .column") == [0.0] * 16  # a 4 x 4 grid, nothing hovered yet
+
+    first = hover_a_caption_word(page, expected.weights, expected.col_labels, 0)
+    page.screenshot(path=str(tmp_path / "caption.png"), full_page=True)
+    assert (tmp_path / "caption.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A word that looked elsewhere moves the highlight there.
+    elsewhere = [i for i, r in enumerate(expected.weights) if np.argmax(r) != first]
+    assert elsewhere, "every word of the caption looked at the same cell"
+    other = elsewhere[0]
+    before = shading(page)
+    assert hover_a_caption_word(page, expected.weights, expected.col_labels, other) != first
+    assert not np.allclose(shading(page), before, atol=1e-2)
+    assert page.get_attribute('#output span[data-row="0"]', "class") != "active"
 
 
 def test_record_from_the_microphone(page, demo):
