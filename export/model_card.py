@@ -238,10 +238,14 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
     cfg, state = checkpoint["config"], checkpoint["state"]
     params = sum(v.numel() for v in checkpoint["model"].values())
     manifest = json.loads((model_dir / "manifest.json").read_text())
+    opening = model_lines(checkpoint.get("arch", "transformer"), cfg, params)
+    if state.get("initialised_from"):  # a further phase of an earlier version, not a model from scratch
+        opening = [line.replace("Trained from scratch here, on 2 CPU cores.",
+                                "Trained here on 2 CPU cores, continuing the previous version.") for line in opening]
     lines = [
         f"# {manifest['name']} (version {manifest['version']})",
         "",
-        *model_lines(checkpoint.get("arch", "transformer"), cfg, params),
+        *opening,
         f"- Limits: {manifest['limits']['max_source_tokens']} source tokens, {manifest['limits']['max_new_tokens']}"
         " new tokens. Greedy and beam search.",
         "",
