@@ -14,7 +14,7 @@ import time
 import sacrebleu
 import torch
 
-from attnserve.export import bpe
+from attnserve.export import bpe, train
 from attnserve.export.architectures import load_checkpoint
 from attnserve.export.train import read_pairs
 
@@ -99,7 +99,7 @@ def read_families(split: pathlib.Path, count: int) -> list[str]:
     path = split.with_suffix(".source")
     if not path.exists():
         return ["all"] * count
-    return [line.split("/")[0] for line in path.read_text(encoding="utf-8").splitlines()][:count]
+    return train.read_families(path)[:count]
 
 
 def spread(indices: list[int], n: int) -> list[int]:

@@ -163,15 +163,18 @@ def training_lines(state: dict, cfg: dict) -> list[str]:
     ]
 
 
-def model_lines(arch: str, cfg: dict, params: int) -> list[str]:
-    """The card's opening paragraph and its architecture line, per model family."""
+def model_lines(arch: str, cfg: dict, params: int, continued: bool = False) -> list[str]:
+    """The card's opening paragraph and its architecture line, per model family (`continued`: trained
+    further from the previous version rather than from scratch)."""
+    trained = ("Trained here on 2 CPU cores, continuing the previous version." if continued else
+               "Trained from scratch here, on 2 CPU cores.")
     if arch == "recurrent":
         score = {"additive": "additive (Bahdanau et al. 2015)", "multiplicative": "multiplicative (Luong et al. 2015)"}
         return [
             "A recurrent encoder-decoder with attention translating Traditional Chinese (zh-TW) ⇄ English with one",
             "model: the lectures' first step, served beside the Transformer on the same corpus and BPE vocabulary.",
             "The decoder starts with the target-language token. Exported to ONNX with its LSTM state replaced every",
-            "step and the step's attention as output (docs/model-contract.md). Trained from scratch here, on 2 CPU cores.",
+            f"step and the step's attention as output (docs/model-contract.md). {trained}",
             "",
             "## Model",
             f"- Encoder: {cfg['encoder_layers']} bidirectional LSTM layers of {cfg['encoder_hidden']} units per"
@@ -184,7 +187,7 @@ def model_lines(arch: str, cfg: dict, params: int) -> list[str]:
     return [
         "A Transformer (Vaswani et al. 2017) translating Traditional Chinese (zh-TW) ⇄ English with one model:",
         "the decoder starts with the target-language token. Exported to ONNX with a KV cache and per-step",
-        "cross-attention output (docs/model-contract.md). Trained from scratch here, on 2 CPU cores.",
+        f"cross-attention output (docs/model-contract.md). {trained}",
         "",
         "## Model",
         f"- {cfg['encoder_layers']}+{cfg['decoder_layers']} layers, d_model {cfg['d_model']}, {cfg['heads']} heads,"
@@ -238,10 +241,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
     cfg, state = checkpoint["config"], checkpoint["state"]
     params = sum(v.numel() for v in checkpoint["model"].values())
     manifest = json.loads((model_dir / "manifest.json").read_text())
-    opening = model_lines(checkpoint.get("arch", "transformer"), cfg, params)
-    if state.get("initialised_from"):  # a further phase of an earlier version, not a model from scratch
-        opening = [line.replace("Trained from scratch here, on 2 CPU cores.",
-                                "Trained here on 2 CPU cores, continuing the previous version.") for line in opening]
+    opening = model_lines(checkpoint.get("arch", "transformer"), cfg, params, bool(state.get("initialised_from")))
     lines = [
         f"# {manifest['name']} (version {manifest['version']})",
         "",

@@ -136,10 +136,10 @@ def loss_on(model, batch, label_smoothing: float) -> tuple[torch.Tensor, int]:
 
 
 @torch.no_grad()
-def dev_loss(model, examples, batch_tokens: int, device: str = "cpu", limit: int = 2000) -> float:
-    """Per-token cross-entropy (no smoothing) on up to `limit` dev examples."""
+def dev_loss(model, examples, batch_tokens: int, device: str = "cpu") -> float:
+    """Per-token cross-entropy (no smoothing) on up to 2,000 dev examples."""
     model.eval()
-    subset = examples[:limit]
+    subset = examples[:2000]
     total, tokens = 0.0, 0
     for indices in make_batches(subset, batch_tokens, random.Random(0)):
         loss, n = loss_on(model, collate(subset, indices, device), 0.0)

@@ -81,7 +81,6 @@ class ModelEngine:
         self._eos = self.manifest.special_tokens.eos
         self._max_attention_values = batching.max_attention_values
         self._max_beam_size = batching.max_beam_size
-        self._variant = getattr(runtime, "variant", "")  # fixed when the graphs are opened
         self._continuous = ContinuousLoop(self) if batching.continuous is not None else None
         loop = self._continuous.run if self._continuous is not None else None
         self._batcher = Batcher(self._process, batching, name=self.manifest.name, loop=loop)
@@ -100,7 +99,7 @@ class ModelEngine:
             max_new_tokens=m.limits.max_new_tokens,
             attention_layers=m.attention.layers,
             attention_heads=m.attention.heads,
-            variant=self._variant,
+            variant=self.runtime.variant,
             max_text_chars=self.max_text_chars or 0,
             max_beam_size=self._max_beam_size,
         )

@@ -131,8 +131,7 @@ def open_runtime(model: ModelVersion, options: RuntimeOptions = RuntimeOptions()
     variant = options.variant if options.variant in model.manifest.variants else None
     if options.variant and variant is None:
         logger.info("model %r has no %r variant: serving its default graphs", model.name, options.variant)
-    runtime = Runtime(*model.graph_paths(variant), options)
-    runtime.variant = variant or ""
+    runtime = Runtime(*model.graph_paths(variant), options, variant or "")
     check_signatures(model.manifest, runtime.encoder_signature, runtime.decoder_signature)
     return runtime
 

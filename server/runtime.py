@@ -118,10 +118,14 @@ class Runtime:
     """
 
     def __init__(
-        self, encoder_path: pathlib.Path, decoder_path: pathlib.Path, options: RuntimeOptions = RuntimeOptions()
+        self,
+        encoder_path: pathlib.Path,
+        decoder_path: pathlib.Path,
+        options: RuntimeOptions = RuntimeOptions(),
+        variant: str = "",
     ):
         self.options = options
-        self.variant = ""  # the manifest variant these graphs are ("" = default); set by open_runtime
+        self.variant = variant  # the manifest variant these graphs are ("" = the default graphs)
         self._encoder = _open_session(pathlib.Path(encoder_path), options)
         self._decoder = _open_session(pathlib.Path(decoder_path), options)
         self.encoder_signature = _signature(pathlib.Path(encoder_path), self._encoder)

@@ -160,6 +160,7 @@ class RecordingRuntime:
 
     def __init__(self, runtime, source_mask: str):
         self.runtime = runtime
+        self.variant = runtime.variant
         self.source_mask = source_mask  # the decoder input that carries the encoder's attention mask
         self.steps: list[list[int]] = []
         self.hold: dict[int, threading.Event] = {}

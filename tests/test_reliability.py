@@ -185,6 +185,7 @@ class _FaultyRuntime:
         self.poison_length = poison_length
         self.faults = 0
         self.providers = recording.runtime.providers
+        self.variant = recording.variant
 
     def encode(self, feeds):
         return self.recording.encode(feeds)

@@ -219,18 +219,20 @@ class ListenAttendSpell(nn.Module):
 
     def encode(self, features: torch.Tensor, mask: torch.Tensor):
         """(B, T, M) frames, (B, T) mask -> memory (B, S, 2H), keys (B, S, A), mask (B, S), h0, c0 (B, Hs)."""
-        memory, reduced, _, _ = self.listener(features, mask)
+        return self._listen(features, mask)[0]
+
+    def _listen(self, features: torch.Tensor, mask: torch.Tensor):
+        """encode()'s outputs, and the CTC layer's states and mask."""
+        memory, reduced, ctc_states, ctc_mask = self.listener(features, mask)
         keys = self.speller.attention.keys(memory)
         h, c = self.speller.initial_state(memory, reduced)
-        return memory, keys, reduced, h, c
+        return (memory, keys, reduced, h, c), (ctc_states, ctc_mask)
 
     def encode_with_length(self, features: torch.Tensor, mask: torch.Tensor):
         """encode()'s outputs and (B,) the characters of each row's CTC best path (argmax per frame, repeats
         merged, blanks dropped): the alignment-free head's estimate of the transcript's length, which the
         server uses to stop a speller caught in a loop (manifest encoder.length_hint)."""
-        memory, reduced, ctc_states, ctc_mask = self.listener(features, mask)
-        keys = self.speller.attention.keys(memory)
-        h, c = self.speller.initial_state(memory, reduced)
+        (memory, keys, reduced, h, c), (ctc_states, ctc_mask) = self._listen(features, mask)
         best = self.ctc_head(ctc_states).argmax(-1)  # (B, T')
         previous = torch.cat([torch.full_like(best[:, :1], -1), best[:, :-1]], dim=1)
         emitted = (best != previous) & (best != vocabulary.BLANK_ID) & ctc_mask.bool()
