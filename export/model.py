@@ -77,13 +77,36 @@ class MultiHeadAttention(nn.Module):
         Returns the output (B, Tq, D) and the attention weights (B, H, Tq, Tk).
         """
         q = self.split_heads(self.q_proj(x))  # (B, H, Tq, Dh)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, Tq, Tk)
+        weights = self._weights(q @ k.transpose(-2, -1), mask)  # (B, H, Tq, Tk)
+        return self._merge_heads(self.dropout(weights) @ v), weights
+
+    def attend_cached(
+        self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, new_k: torch.Tensor,
+        new_v: torch.Tensor, mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """attend() over the cache followed by the new positions, without concatenating the cache.
+
+        The same arithmetic as attend(x, cat(past_k, new_k), cat(past_v, new_v), mask), but only the
+        (B, H, Tq, Tp + Tq) scores are joined, so a decoder step never copies the (B, H, Tp, Dh) cache: its
+        cost stays flat as the cache grows (a server writes new slots into preallocated buffers).
+
+        Args:
+            past_k, past_v: (B, H, Tp, Dh); new_k, new_v: (B, H, Tq, Dh); mask: (B, 1, Tq, Tp + Tq).
+        """
+        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, Dh)
+        scores = torch.cat([q @ past_k.transpose(-2, -1), q @ new_k.transpose(-2, -1)], dim=-1)
+        weights = self.dropout(self._weights(scores, mask))
+        on_past, on_new = weights.split([past_k.shape[2], new_k.shape[2]], dim=-1)
+        return self._merge_heads(on_past @ past_v + on_new @ new_v)
+
+    def _weights(self, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        scores = scores / math.sqrt(self.d_head)
         # A finite fill keeps fully padded query rows (training) free of NaN; exp() still gives exact zeros.
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = scores.softmax(dim=-1)
-        out = self.dropout(weights) @ v  # (B, H, Tq, Dh)
-        b, _, tq, _ = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(b, tq, -1)), weights
+        return scores.masked_fill(~mask, torch.finfo(scores.dtype).min).softmax(dim=-1)
+
+    def _merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        b, _, tq, _ = out.shape  # (B, H, Tq, Dh)
+        return self.out_proj(out.transpose(1, 2).reshape(b, tq, -1))
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -139,9 +162,7 @@ class DecoderLayer(nn.Module):
         """
         h = self.norm1(x)
         new_k, new_v = self.self_attn.project_kv(h)
-        k = torch.cat([past_k, new_k], dim=2)
-        v = torch.cat([past_v, new_v], dim=2)
-        x = x + self.dropout(self.self_attn.attend(h, k, v, self_mask)[0])
+        x = x + self.dropout(self.self_attn.attend_cached(h, past_k, past_v, new_k, new_v, self_mask))
         out, cross_weights = self.cross_attn.attend(self.norm2(x), cross_k, cross_v, cross_mask)
         x = x + self.dropout(out)
         x = x + self.dropout(self.feed_forward(self.norm3(x)))

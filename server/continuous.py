@@ -2,9 +2,9 @@
 
 The default worker loop (`BatchingOptions.continuous`; None there selects server/batcher.py's windowed
 batches instead). Each round: take what fits from the queue (waiting only when nothing runs, and then only
-for a first request, never for a window), encode the newcomers together (one group per beam size) and
-merge them into the foreground lane, then take one decoder step in each lane (server/lane.py; which lanes
-and who is admitted is server/scheduler.py's policy). Every request is answered in the step it finishes,
+for a first request, never for a window), encode the newcomers together (one group per beam size and
+source length bucket) and merge them into the foreground lane, then take one decoder step in each lane
+(server/lane.py; which lanes and who is admitted is server/scheduler.py's policy). Every request is answered in the step it finishes,
 fails or is cancelled; its rows leave at the next step.
 
 A failed encoder call or step reruns the affected requests one at a time through the windowed path, so
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING
 
@@ -25,12 +25,46 @@ import numpy as np
 from attnserve.server.batcher import Batcher, WorkItem, resolve
 from attnserve.server.decoding import Batch, StepEvents, make_strategy
 from attnserve.server.lane import Group, Lane
+from attnserve.server.preprocessing import Source
 from attnserve.server.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from attnserve.server.engine import ModelEngine, _Clock
 
 log = logging.getLogger(__name__)
+
+
+# A length bucket's longest source is at most this many times its shortest (plus SHORT_SOURCE): padding
+# past it costs the encoder more than another call does. Measured on translate-zh-en 2, 128 test sentences
+# admitted together: the encoder took 46% of the worker's time, much of it on padding.
+BUCKET_SPREAD = 1.5
+SHORT_SOURCE = 8
+
+
+def length_buckets(lengths: Sequence[int]) -> list[slice]:
+    """Runs of `lengths` (ascending) to encode together, so that little of each encoder batch is padding."""
+    buckets: list[slice] = []
+    start = 0
+    for i, length in enumerate(lengths):
+        if length > BUCKET_SPREAD * lengths[start] + SHORT_SOURCE:
+            buckets.append(slice(start, i))
+            start = i
+    if len(lengths):
+        buckets.append(slice(start, len(lengths)))
+    return buckets
+
+
+def encode_in_buckets(engine: ModelEngine, sources: Sequence[Source]) -> Batch:
+    """One batch of the sources (ascending by length), encoded one length bucket at a time."""
+    batches = [
+        Batch.build(engine.manifest, engine.runtime, engine.preprocessor.collate(sources[bucket]))
+        for bucket in length_buckets([s.length for s in sources])
+    ]
+    budgets = [b.length_budget for b in batches]
+    batch = batches[0]
+    batch.merge(*batches[1:])
+    batch.length_budget = None if budgets[0] is None else np.concatenate(budgets)
+    return batch
 
 
 @dataclasses.dataclass(eq=False)
@@ -90,7 +124,7 @@ class ContinuousLoop:
         return True
 
     def _admit(self, items: list[WorkItem], lane: Lane, batcher: Batcher) -> None:
-        """Encodes newcomers together (one group per beam size) and merges them into the lane."""
+        """Encodes newcomers together (one group per beam size and length bucket) and merges them into the lane."""
         from attnserve.server.engine import _Clock  # the engine's, so results time both paths alike
 
         engine = self._engine
@@ -101,13 +135,13 @@ class ContinuousLoop:
             if not item.cancelled:
                 groups.setdefault(item.payload.beam_size, []).append(item)
         for members in groups.values():
+            members.sort(key=lambda item: item.payload.source.length)  # the order length buckets need
             for item in members:
                 item._new_attempt()
             prepared = [item.payload for item in members]
             clock = _Clock(start=time.perf_counter(), encoded=0.0)
             try:
-                inputs = engine.preprocessor.collate([p.source for p in prepared])
-                batch = Batch.build(engine.manifest, engine.runtime, inputs)
+                batch = encode_in_buckets(engine, [p.source for p in prepared])
                 clock.encoded = time.perf_counter()
                 strategy = make_strategy(prepared, engine.manifest.special_tokens.eos, batch.length_budget)
                 streaming = np.array([item.on_token is not None for item in members])

@@ -19,12 +19,14 @@ that start later and move rows between running batches without changing what any
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
 from attnserve.server.generation import FinishReason, GenerationRequest, SamplingOptions
+from attnserve.server.kv_cache import AppendCache
 from attnserve.server.manifest import Manifest, StateSpec
 from attnserve.server.output_rules import OutputRules
 from attnserve.server.preprocessing import EncoderBatch, Source
@@ -95,12 +97,14 @@ class Batch:
         self._manifest = manifest
         self._runtime = runtime
         self._static = static  # decoder input name -> tensor, batch along its spec's batch_axis
-        self._state = state  # decoder input name -> tensor
-        self._appends = any(s.update == "append" for s in manifest.state)
+        appended = [s for s in manifest.state if s.update == "append"]
+        # Replaced state (an LSTM's h, c), decoder input name -> tensor; appended state lives in the cache.
+        self._state = {name: x for name, x in state.items() if name not in {s.input for s in appended}}
+        spare_slots = manifest.decoder.self_attention_mask is not None
+        self._cache = AppendCache.start(appended, state, spare_slots) if appended else None
         self.source_lengths = source_lengths  # (B,) real source tokens per row
         b = len(source_lengths)
         self.positions = np.zeros(b, dtype=np.int64)  # (B,) position of each row's next input token
-        self.self_mask = np.zeros((b, 0), dtype=np.int64)  # (B, T) which cache slots each row may attend
         # (B,) most new tokens per row from the encoder's length hint (manifest encoder.length_hint), or None.
         self.length_budget: np.ndarray | None = None
 
@@ -137,6 +141,11 @@ class Batch:
     def __len__(self) -> int:
         return len(self.source_lengths)
 
+    @property
+    def self_mask(self) -> np.ndarray:
+        """(B, T) which cache slots each row may attend (T = 0 without a K/V cache)."""
+        return self._cache.mask if self._cache is not None else np.zeros((len(self), 0), dtype=np.int64)
+
     def step(self, input_ids: np.ndarray) -> StepOutput:
         """Runs one decoder step for every row and advances positions, masks and state.
 
@@ -145,20 +154,22 @@ class Batch:
         """
         b = len(self)
         d = self._manifest.decoder
-        self_mask = np.concatenate([self.self_mask, np.ones((b, 1), dtype=np.int64)], axis=1)  # (B, T+1)
         feeds = {**self._static, **self._state, d.input_ids: np.asarray(input_ids, dtype=np.int64).reshape(b, 1)}
         if d.position_ids is not None:
             feeds[d.position_ids] = self.positions[:, None]  # (B, 1)
-        if d.self_attention_mask is not None:
-            feeds[d.self_attention_mask] = self_mask
+        if self._cache is not None:
+            cached, self_mask = self._cache.feeds()
+            feeds.update(cached)
+            if d.self_attention_mask is not None:
+                feeds[d.self_attention_mask] = self_mask  # (B, C + 1): spare slots hidden, this step's token last
+        elif d.self_attention_mask is not None:
+            feeds[d.self_attention_mask] = np.ones((b, 1), dtype=np.int64)
         out = self._runtime.decode_step(feeds)
         for spec in self._manifest.state:
-            new = out[spec.output]
-            if spec.update == "append":
-                new = np.concatenate([self._state[spec.input], new], axis=spec.time_axis)
-            self._state[spec.input] = new
-        if self._appends:
-            self.self_mask = self_mask
+            if spec.update == "replace":
+                self._state[spec.input] = out[spec.output]
+        if self._cache is not None:
+            self._cache.append(out)
         self.positions = self.positions + 1
         logits = out[d.logits]  # (B, V)
         if self._manifest.special_tokens.suppress:
@@ -180,12 +191,13 @@ class Batch:
         for spec in self._manifest.static:
             self._static[spec.target] = np.take(self._static[spec.target], rows, axis=spec.batch_axis)
         for spec in self._manifest.state:
-            self._state[spec.input] = np.take(self._state[spec.input], rows, axis=spec.batch_axis)
+            if spec.update == "replace":
+                self._state[spec.input] = np.take(self._state[spec.input], rows, axis=spec.batch_axis)
+        if self._cache is not None:
+            self._cache = self._cache.select(rows)  # also drops slots no remaining row attends
         self.source_lengths = self.source_lengths[rows]
         self.positions = self.positions[rows]
-        self.self_mask = self.self_mask[rows]
         self._trim_source()
-        self._trim_time()
 
     def filter(self, keep_rows: np.ndarray) -> None:
         """Drops every row not in `keep_rows` (ascending, unique): finished requests leave the batch."""
@@ -194,49 +206,37 @@ class Batch:
             raise ValueError("filter() takes ascending, unique rows; use select() to reorder or repeat")
         self.select(keep_rows)
 
-    def merge(self, other: Batch) -> None:
-        """Appends `other`'s rows (continuous batching: requests admitted while this batch runs).
+    def merge(self, *others: Batch) -> None:
+        """Appends the other batches' rows, in order (continuous batching: requests admitted while this
+        batch runs; requests encoded in several length buckets).
 
         Static tensors and source-shaped state are zero-padded along their source axis, appended state
         (a K/V cache) is left-padded along its time axis with slots the self-attention mask hides, so
-        every row computes what it would alone.
+        every row computes what it would alone. Each tensor is copied once, however many batches join.
         """
-        t = max(self.self_mask.shape[1], other.self_mask.shape[1])
+        parts = (self, *others)
         for spec in self._manifest.static:
-            a, b = _pad_to_match(self._static[spec.target], other._static[spec.target], spec.source_axis)
-            self._static[spec.target] = np.concatenate([a, b], axis=spec.batch_axis)
+            tensors = _padded_to_longest([b._static[spec.target] for b in parts], spec.source_axis)
+            self._static[spec.target] = np.concatenate(tensors, axis=spec.batch_axis)
         for spec in self._manifest.state:
-            a, b = self._state[spec.input], other._state[spec.input]
-            if spec.update == "append":
-                a, b = _pad_left(a, spec.time_axis, t), _pad_left(b, spec.time_axis, t)
-            if spec.source_axis is not None:
-                a, b = _pad_to_match(a, b, spec.source_axis)
-            self._state[spec.input] = np.concatenate([a, b], axis=spec.batch_axis)
-        masks = [_pad_left(m, 1, t) for m in (self.self_mask, other.self_mask)]
-        self.self_mask = np.concatenate(masks, axis=0)  # (B + B', T)
-        self.positions = np.concatenate([self.positions, other.positions])
-        self.source_lengths = np.concatenate([self.source_lengths, other.source_lengths])
+            if spec.update == "replace":
+                tensors = [b._state[spec.input] for b in parts]
+                if spec.source_axis is not None:
+                    tensors = _padded_to_longest(tensors, spec.source_axis)
+                self._state[spec.input] = np.concatenate(tensors, axis=spec.batch_axis)
+        if self._cache is not None:
+            self._cache = AppendCache.concatenate([b._cache for b in parts])
+        self.positions = np.concatenate([b.positions for b in parts])
+        self.source_lengths = np.concatenate([b.source_lengths for b in parts])
 
     def split(self, rows: np.ndarray) -> Batch:
         """Moves the given rows (ascending) out into a new batch; this one keeps the others, in order."""
         rows = np.asarray(rows, dtype=np.intp)
-        other = Batch(self._manifest, self._runtime, dict(self._static), dict(self._state), self.source_lengths)
-        other.positions, other.self_mask = self.positions, self.self_mask
+        other = copy.copy(self)  # select() gives each side its own tensors and cache
+        other._static, other._state = dict(self._static), dict(self._state)
         other.select(rows)
         self.select(np.setdiff1d(np.arange(len(self)), rows))
         return other
-
-    def _trim_time(self) -> None:
-        """Drops leading cache slots no row may attend (padding of rows that were merged in later)."""
-        if not self._appends or not self.self_mask.shape[1] or self.self_mask[:, 0].any():
-            return
-        cut = int(np.argmax(self.self_mask.any(axis=0))) if self.self_mask.any() else self.self_mask.shape[1]
-        self.self_mask = self.self_mask[:, cut:]
-        for spec in self._manifest.state:
-            if spec.update == "append":
-                index = [slice(None)] * self._state[spec.input].ndim
-                index[spec.time_axis] = slice(cut, None)
-                self._state[spec.input] = self._state[spec.input][tuple(index)]
 
     def _trim_source(self) -> None:
         width = int(self.source_lengths.max()) if len(self) else 0
@@ -256,25 +256,16 @@ def _cut_source(x: np.ndarray, axis: int, width: int) -> np.ndarray:
     return x[tuple(index)]
 
 
-def _pad_left(x: np.ndarray, axis: int, size: int) -> np.ndarray:
-    """x zero-padded at the front of `axis` to `size` positions."""
-    if x.shape[axis] >= size:
-        return x
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (size - x.shape[axis], 0)
-    return np.pad(x, pad)
-
-
-def _pad_to_match(a: np.ndarray, b: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """a and b zero-padded at the end of `axis` to the longer of the two (source padding, masked)."""
-    size = max(a.shape[axis], b.shape[axis])
+def _padded_to_longest(tensors: list[np.ndarray], axis: int) -> list[np.ndarray]:
+    """The tensors zero-padded at the end of `axis` to the longest of them (source padding, masked)."""
+    size = max(x.shape[axis] for x in tensors)
 
     def pad(x):
         widths = [(0, 0)] * x.ndim
         widths[axis] = (0, size - x.shape[axis])
         return np.pad(x, widths) if x.shape[axis] < size else x
 
-    return pad(a), pad(b)
+    return [pad(x) for x in tensors]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -197,3 +197,27 @@ def test_parity_report_covers_every_output_and_is_tight(tiny_torch_model, tiny_m
     layers = tiny_torch_model.cfg.decoder_layers
     assert set(worst) == set(graph_names(layers)["encoder_outputs"] + graph_names(layers)["decoder_outputs"])
     assert max(worst.values()) < ATOL
+
+
+def test_cached_attention_equals_attention_over_the_joined_cache():
+    from attnserve.export.model import MultiHeadAttention
+
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(32, 4, dropout=0.0).eval()
+    x = torch.randn(3, 2, 32)
+    past_k, past_v, new_k, new_v = (torch.randn(3, 4, t, 8) for t in (5, 5, 2, 2))
+    mask = torch.rand(3, 1, 2, 7) > 0.3
+    mask[..., -2:] = True  # every query sees the new positions
+    want, _ = attention.attend(x, torch.cat([past_k, new_k], 2), torch.cat([past_v, new_v], 2), mask)
+    got = attention.attend_cached(x, past_k, past_v, new_k, new_v, mask)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_decoder_step_never_copies_its_cache(tiny_model_dir):
+    """No Concat reads a past self-attention key or value: a step's cost stays flat as the cache grows
+    (the server writes new slots into preallocated buffers, server/kv_cache.py)."""
+    graph = onnx.load(str(tiny_model_dir / "decoder.onnx")).graph
+    cache_inputs = {i.name for i in graph.input if ".decoder." in i.name}
+    assert cache_inputs
+    readers = [n for n in graph.node if set(n.input) & cache_inputs]
+    assert readers and all(n.op_type != "Concat" for n in readers), [n.op_type for n in readers]

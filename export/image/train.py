@@ -221,13 +221,16 @@ def main() -> None:
     parser.add_argument("--checkpoint-minutes", type=float, default=TrainOptions.checkpoint_minutes)
     parser.add_argument("--lr", type=float, default=TrainOptions.lr)
     parser.add_argument("--attention-weight", type=float, default=TrainOptions.attention_weight)
+    parser.add_argument("--stages", type=int, nargs="+", default=list(ShowAttendTellConfig.stages),
+                        help="channels of each conv + max-pool stage; one stage gives a 16 x 16 grid on 64 pixels, "
+                             "two an 8 x 8 one (a new run only: a resumed run keeps its checkpoint's)")
     args = parser.parse_args()
     args.run.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         handlers=[logging.FileHandler(args.run / "train.log"), logging.StreamHandler()])
     torch.set_num_threads(args.threads)
     opts = TrainOptions(lr=args.lr, attention_weight=args.attention_weight, checkpoint_minutes=args.checkpoint_minutes)
-    train(args.corpus, args.run, args.minutes, ShowAttendTellConfig(), opts)
+    train(args.corpus, args.run, args.minutes, ShowAttendTellConfig(stages=tuple(args.stages)), opts)
 
 
 if __name__ == "__main__":

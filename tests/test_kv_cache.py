@@ -1,0 +1,136 @@
+"""The K/V cache written in place (server/kv_cache.py): the decoder reads the same buffers step after step,
+their spare slots change nothing it computes, and rows merged, dropped or repeated keep their own slots."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnserve.server import kv_cache
+from attnserve.server.decoding import Batch
+from attnserve.server.preprocessing import TextPreprocessor, TextSource
+from attnserve.server.repository import find_models, open_runtime
+
+ATOL = 1e-5
+SOURCES = [(7, 8, 9, 10, 11, 12), (13, 14, 15), (16, 17, 18, 19, 20, 21, 22, 23, 24)]
+
+
+class RecordingRuntime:
+    """The real runtime, keeping every decoder feed it was given (the arrays themselves, and a copy of
+    each as it was at the call: the cache writes its buffers in place afterwards)."""
+
+    def __init__(self, runtime):
+        self._runtime = runtime
+        self.feeds: list[dict[str, np.ndarray]] = []
+        self.values: list[dict[str, np.ndarray]] = []
+
+    def encode(self, feeds):
+        return self._runtime.encode(feeds)
+
+    def decode_step(self, feeds):
+        self.feeds.append(dict(feeds))
+        self.values.append({k: v.copy() for k, v in feeds.items()})
+        return self._runtime.decode_step(feeds)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_repo):
+    version = find_models(tiny_model_repo)["tiny-translate"]
+    return version.manifest, open_runtime(version)
+
+
+def build(manifest, runtime, sources) -> Batch:
+    return Batch.build(manifest, runtime, TextPreprocessor(manifest, None).collate([TextSource(s) for s in sources]))
+
+
+def appended(manifest) -> list[str]:
+    return [s.input for s in manifest.state if s.update == "append"]
+
+
+def reference_steps(manifest, runtime, sources, tokens: np.ndarray):
+    """Logits and attention of every step, the cache grown by concatenation to exactly its length."""
+    batch = build(manifest, runtime, sources)  # only for its static (encoder) inputs
+    d, names = manifest.decoder, appended(manifest)
+    specs = {s.input: s for s in manifest.state}
+    cache = {name: None for name in names}
+    b = len(sources)
+    results = []
+    for step, token in enumerate(tokens):
+        feeds = {**batch._static, d.input_ids: np.full((b, 1), token, dtype=np.int64),
+                 d.position_ids: np.full((b, 1), step, dtype=np.int64),
+                 d.self_attention_mask: np.ones((b, step + 1), dtype=np.int64)}
+        for name in names:
+            shape = list(batch._cache.feeds()[0][name].shape)
+            shape[specs[name].time_axis] = 0
+            feeds[name] = np.zeros(shape, np.float32) if cache[name] is None else cache[name]
+        out = runtime.decode_step(feeds)
+        for name in names:
+            new = out[specs[name].output]
+            cache[name] = new if cache[name] is None else np.concatenate([cache[name], new], specs[name].time_axis)
+        results.append((out[d.logits], out[manifest.attention.output]))
+    return results
+
+
+def test_steps_reuse_the_buffers_until_they_fill(model):
+    manifest, runtime = model
+    recording = RecordingRuntime(runtime)
+    batch = build(manifest, recording, SOURCES)
+    steps = kv_cache.FIRST_CAPACITY + 2
+    for _ in range(steps):
+        batch.step(np.full(len(SOURCES), 9))
+    name, axis = appended(manifest)[0], next(s.time_axis for s in manifest.state if s.update == "append")
+    buffers = [f[name] for f in recording.feeds]
+    first = kv_cache.FIRST_CAPACITY
+    # One buffer for the first FIRST_CAPACITY steps, then one of twice the size: no copy per step.
+    assert all(b is buffers[0] for b in buffers[:first])
+    assert buffers[first] is not buffers[0] and buffers[first].shape[axis] == 2 * first
+    assert all(b is buffers[first] for b in buffers[first:])
+    # The mask shows each step the slots written so far and its own token (the last column), nothing else.
+    for step, feeds in enumerate(recording.values):
+        mask = feeds[manifest.decoder.self_attention_mask]
+        capacity = mask.shape[1] - 1
+        want = np.zeros((len(SOURCES), capacity + 1), dtype=np.int64)
+        want[:, :step] = 1
+        want[:, capacity] = 1
+        np.testing.assert_array_equal(mask, want)
+
+
+def test_spare_slots_change_nothing_the_decoder_computes(model):
+    manifest, runtime = model
+    tokens = np.array([4, 9, 10, 11, 12, 13, 9, 9, 14, 15] * 2)  # 20 steps: the buffers grow once
+    want = reference_steps(manifest, runtime, SOURCES, tokens)
+    batch = build(manifest, runtime, SOURCES)
+    for step, token in enumerate(tokens):
+        got = batch.step(np.full(len(SOURCES), token))
+        np.testing.assert_allclose(got.logits, want[step][0], atol=ATOL)
+        np.testing.assert_allclose(got.attention, want[step][1], atol=ATOL)
+
+
+def test_merged_dropped_and_repeated_rows_keep_their_own_slots(model):
+    """Rows joining a running batch late, leaving it and being repeated (beams) compute what they would
+    alone, across buffer growth."""
+    manifest, runtime = model
+    tokens = np.array([4, 9, 10, 11, 12, 13, 9, 9, 14, 15] * 3)
+    alone = [reference_steps(manifest, runtime, [s], tokens) for s in SOURCES]
+    late = 5
+    batch = build(manifest, runtime, SOURCES[:2])
+    for step in range(late):
+        batch.step(np.full(2, tokens[step]))
+    batch.merge(build(manifest, runtime, SOURCES[2:]))
+    rows, starts = np.array([0, 1, 2]), np.array([0, 0, late])  # each batch row's source and first step
+    for step in range(late, len(tokens)):
+        row_steps = step - starts
+        got = batch.step(tokens[row_steps])
+        for row, source in enumerate(rows):
+            np.testing.assert_allclose(got.logits[row], alone[source][row_steps[row]][0][0], atol=ATOL)
+        if step == 12:
+            keep = [1, 2]  # row 0 leaves
+            batch.filter(keep)
+        elif step == 16:
+            keep = [1, 1]  # only the late row, twice, as beams would
+            batch.select(keep)
+        else:
+            continue
+        rows, starts = rows[keep], starts[keep]
+    # The late row was left-padded by 5 slots; once the rows that used them left, the padding went too.
+    assert batch.self_mask.shape == (2, len(tokens) - late) and batch.self_mask.all()
