@@ -115,6 +115,14 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     translate.add_argument(
         "--layer", type=int, help="decoder layer; negative counts from the last (default: the model's choice)"
     )
+    translate.add_argument(
+        "--heads", type=_head_list, default=(), metavar="H[,H...]",
+        help="heads of that layer to combine, e.g. 0,2 (negative counts from the last; default: all)",
+    )
+    translate.add_argument(
+        "--head-reduction", choices=["mean", "max"], default="mean",
+        help="combine the heads by their mean (default: rows sum to 1) or maximum (what any one head looked at)",
+    )
     translate.add_argument("--max-tokens", type=int, default=0, help="0 = the model's limit")
     translate.add_argument(
         "--beam-size", type=int, help="1 = greedy search (default; with --nbest N: N), up to 16"
@@ -236,6 +244,13 @@ def _serve(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {exc}") from None
 
 
+def _head_list(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of head numbers") from None
+
+
 def _translate(args: argparse.Namespace) -> None:
     sampling = _sampling(args)
     with _connect(args) as client:
@@ -251,6 +266,8 @@ def _translate(args: argparse.Namespace) -> None:
             model=args.model,
             num_return_sequences=args.nbest,
             sampling=sampling,
+            heads=args.heads,
+            reduction=args.head_reduction,
         )
         result = _print_stream(client, request) if args.stream else client.generate(request)
     if args.attention:

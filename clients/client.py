@@ -33,6 +33,7 @@ from attnserve.server import convert
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
+    AttentionReduction,
     AudioInput,
     DecodingOptions,
     GenerationRequest,
@@ -82,6 +83,8 @@ def translation_request(
     request_id: str = "",
     num_return_sequences: int = 1,
     sampling: SamplingOptions | None = None,
+    heads: Sequence[int] = (),
+    reduction: str = "mean",
 ) -> GenerationRequest:
     """Builds the request `translate` sends; pass it to `stream` to watch the tokens arrive.
 
@@ -97,9 +100,11 @@ def translation_request(
         request_id: echoed in server logs.
         num_return_sequences: > 1 = also list that many best sequences with their scores (<= beam_size).
         sampling: sample instead of searching (beam_size 1); None = search.
+        heads: heads of the attention layer to combine (negative counts from the last); empty = all.
+        reduction: "mean" (rows sum to 1) or "max" (what any one of the heads looked at).
 
     Raises:
-        ValueError: unknown granularity.
+        ValueError: unknown granularity or reduction.
     """
     return GenerationRequest(
         model=model,
@@ -111,7 +116,10 @@ def translation_request(
             num_return_sequences=num_return_sequences,
             sampling=sampling,
         ),
-        attention=AttentionOptions(enabled=attention, layer=layer, granularity=AttentionGranularity(granularity)),
+        attention=AttentionOptions(
+            enabled=attention, layer=layer, granularity=AttentionGranularity(granularity), heads=tuple(heads),
+            reduction=AttentionReduction(reduction),
+        ),
         request_id=request_id,
     )
 

@@ -1,6 +1,7 @@
 """Turns the cross-attention collected while decoding into the one matrix a client sees.
 
-One layer is read and its heads are averaged. At word granularity the columns of a source word's pieces
+One layer is read and its heads (all, or those the request names) are combined: their mean by default, or
+their element-wise maximum (what any one head looked at; rows then no longer sum to 1). At word granularity the columns of a source word's pieces
 are summed (the word gets the attention all its pieces got, so each row still sums to 1) and the rows of an
 output word's pieces are averaged (a word's row is the mean distribution of its pieces, also summing to 1).
 """
@@ -11,16 +12,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnserve.server.generation import AttentionMatrix
+from attnserve.server.generation import AttentionMatrix, AttentionReduction
 from attnserve.server.tokenization import Words
 
 
-def layer_mean(weights: np.ndarray, layer: int) -> np.ndarray:
-    """Reads one decoder layer and averages its heads.
+def combine_heads(
+    weights: np.ndarray, layer: int, heads: Sequence[int] = (), reduction: AttentionReduction = AttentionReduction.MEAN
+) -> np.ndarray:
+    """Reads one decoder layer and combines its heads.
 
     Args:
         weights: (steps, layers, heads, S) attention of each output token on the source.
         layer: layer index; negative counts from the last.
+        heads: head indices to combine (the engine checked them); empty = every head.
+        reduction: their mean or their element-wise maximum.
 
     Returns:
         (steps, S) float32.
@@ -31,7 +36,16 @@ def layer_mean(weights: np.ndarray, layer: int) -> np.ndarray:
     layers = weights.shape[1]
     if not -layers <= layer < layers:
         raise ValueError(f"attention layer {layer} is out of range for a model with {layers} layers")
-    return weights[:, layer].mean(axis=1, dtype=np.float32)  # (steps, S)
+    chosen = weights[:, layer] if not heads else weights[:, layer][:, list(heads)]  # (steps, H', S)
+    if reduction is AttentionReduction.MAX:
+        return chosen.max(axis=1).astype(np.float32, copy=False)
+    return chosen.mean(axis=1, dtype=np.float32)  # (steps, S)
+
+
+def describe_heads(total: int, heads: Sequence[int], reduction: AttentionReduction) -> str:
+    """E.g. "mean over 4 heads", "max over heads 0, 2"."""
+    which = f"{total} heads" if not heads else f"head{'s' if len(heads) > 1 else ''} {', '.join(map(str, heads))}"
+    return f"{reduction.value} over {which}"
 
 
 def merge_words(matrix: np.ndarray, row_starts: Sequence[int], col_starts: Sequence[int]) -> np.ndarray:
@@ -60,6 +74,8 @@ def attention_matrix(
     col_pieces: Sequence[str],
     row_words: Words | None = None,
     col_words: Words | None = None,
+    heads: Sequence[int] = (),
+    reduction: AttentionReduction = AttentionReduction.MEAN,
 ) -> AttentionMatrix:
     """Builds the matrix returned to clients.
 
@@ -68,15 +84,16 @@ def attention_matrix(
         layer: decoder layer to read; negative counts from the last.
         row_pieces: the output pieces (steps of them); col_pieces: the source pieces (S of them).
         row_words, col_words: give both to merge pieces into words; neither for piece granularity.
+        heads, reduction: which heads of the layer to combine (empty = all), and how.
 
     Returns:
         The matrix with labels, the non-negative layer index and a description of the reduction.
     """
-    steps, layers, heads, sources = weights.shape
+    steps, layers, head_count, sources = weights.shape
     if steps != len(row_pieces) or sources != len(col_pieces):
         raise RuntimeError(f"attention {weights.shape} does not match {len(row_pieces)} x {len(col_pieces)} pieces")
     layer = layer % layers if -layers <= layer < layers else layer
-    matrix = layer_mean(weights, layer)  # (steps, S)
+    matrix = combine_heads(weights, layer, heads, reduction)  # (steps, S)
     rows, cols, unit = list(row_pieces), list(col_pieces), "pieces"
     if row_words is not None and col_words is not None:
         matrix = merge_words(matrix, row_words.starts, col_words.starts)
@@ -86,5 +103,5 @@ def attention_matrix(
         row_labels=rows,
         col_labels=cols,
         layer=layer,
-        reduction=f"layer {layer} of {layers}, mean over {heads} heads, {unit}",
+        reduction=f"layer {layer} of {layers}, {describe_heads(head_count, heads, reduction)}, {unit}",
     )

@@ -27,6 +27,10 @@ _GRANULARITIES = {
     gen.AttentionGranularity.PIECES: pb.ATTENTION_GRANULARITY_PIECES,
     gen.AttentionGranularity.WORDS: pb.ATTENTION_GRANULARITY_WORDS,
 }
+_REDUCTIONS = {
+    gen.AttentionReduction.MEAN: pb.ATTENTION_REDUCTION_MEAN,
+    gen.AttentionReduction.MAX: pb.ATTENTION_REDUCTION_MAX,
+}
 _INPUT_KINDS = {
     gen.InputKind.TEXT: pb.INPUT_KIND_TEXT,
     gen.InputKind.AUDIO: pb.INPUT_KIND_AUDIO,
@@ -58,6 +62,8 @@ def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
             enabled=options.mode == pb.ATTENTION_MODE_AGGREGATED,
             layer=options.layer if options.HasField("layer") else None,
             granularity=_granularity_from_proto(options.granularity),
+            heads=tuple(options.heads),
+            reduction=_reduction_from_proto(options.reduction),
         ),
         request_id=msg.request_id,
     )
@@ -89,6 +95,8 @@ def request_to_proto(request: gen.GenerationRequest, source_language: str | None
             mode=pb.ATTENTION_MODE_AGGREGATED if attention.enabled else pb.ATTENTION_MODE_NONE,
             layer=attention.layer,
             granularity=_GRANULARITIES[attention.granularity],
+            heads=attention.heads,
+            reduction=_REDUCTIONS[attention.reduction],
         ),
         request_id=request.request_id,
     )
@@ -152,6 +160,15 @@ def _granularity_from_proto(value: int) -> gen.AttentionGranularity:
         if wire == value:
             return granularity
     raise ValueError(f"unknown attention granularity {value}")
+
+
+def _reduction_from_proto(value: int) -> gen.AttentionReduction:
+    if value == pb.ATTENTION_REDUCTION_UNSPECIFIED:
+        return gen.AttentionReduction.MEAN
+    for reduction, wire in _REDUCTIONS.items():
+        if wire == value:
+            return reduction
+    raise ValueError(f"unknown attention reduction {value}")
 
 
 # ---- results -----------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from attnserve.server.generation import FinishReason, GenerationRequest, SamplingOptions
+from attnserve.server.generation import AttentionReduction, FinishReason, GenerationRequest, SamplingOptions
 from attnserve.server.kv_cache import AppendCache
 from attnserve.server.manifest import Manifest, StateSpec
 from attnserve.server.output_rules import OutputRules
@@ -58,6 +58,9 @@ class PreparedRequest:
     no_repeat_ngram_size: int = 0
     # Sample each token (beam_size 1); its seed is always set here. None = greedy or beam search.
     sampling: SamplingOptions | None = None
+    # Non-negative heads of attention_layer to combine (empty = all), and how.
+    attention_heads: tuple[int, ...] = ()
+    attention_reduction: AttentionReduction = AttentionReduction.MEAN
 
     @property
     def keeps_attention(self) -> bool:

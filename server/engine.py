@@ -21,7 +21,7 @@ from concurrent.futures import CancelledError, Future
 import numpy as np
 
 from attnserve.server import limits, preprocessing, search_options
-from attnserve.server.attention import attention_matrix, layer_mean
+from attnserve.server.attention import attention_matrix, combine_heads
 from attnserve.server.batcher import Batcher, BatchingOptions, WorkItem
 from attnserve.server.continuous import ContinuousLoop
 from attnserve.server.decoding import Batch, Hypothesis, PreparedRequest, StepEvents, decode, make_strategy
@@ -139,6 +139,7 @@ class ModelEngine:
             raise ValueError(f"beam_size {beam_size} is out of range: use 1 (greedy) to {self._max_beam_size}")
         search_options.check_search(request.decoding, max_new_tokens)
         layer = self._attention_layer(request) if request.attention.enabled else None
+        heads = self._attention_heads(request) if request.attention.enabled else ()
         if request.text:
             check_text(request.text)
         timestamp_layer = self.manifest.attention.default_layer % self.manifest.attention.layers
@@ -162,6 +163,8 @@ class ModelEngine:
             min_new_tokens=request.decoding.min_new_tokens,
             no_repeat_ngram_size=request.decoding.no_repeat_ngram_size,
             sampling=search_options.with_seed(request.decoding.sampling),
+            attention_heads=heads,
+            attention_reduction=request.attention.reduction,
         )
 
     def _check_attention_values(self, max_new_tokens: int, columns: int, sequences: int) -> None:
@@ -196,6 +199,19 @@ class ModelEngine:
                 f"layers (use 0..{layers - 1}, or -{layers}..-1 counting from the last)"
             )
         return layer % layers
+
+    def _attention_heads(self, request: GenerationRequest) -> tuple[int, ...]:
+        heads, asked = self.manifest.attention.heads, request.attention.heads
+        bad = [h for h in asked if not -heads <= h < heads]
+        if bad:
+            raise ValueError(
+                f"attention heads {bad} are out of range: model '{self.manifest.name}' has {heads} heads per layer "
+                f"(use 0..{heads - 1}, or -{heads}..-1 counting from the last)"
+            )
+        chosen = tuple(h % heads for h in asked)
+        if len(set(chosen)) != len(chosen):
+            raise ValueError(f"attention heads {list(asked)} name a head twice")
+        return chosen
 
     def submit(
         self, request: GenerationRequest, on_token: Callable[[StreamedToken], None] | None = None
@@ -338,14 +354,15 @@ class ModelEngine:
             row_words = tok.words(ids) if words else None
             col_words = self.preprocessor.source_words(prepared.source) if words else None
             columns = [t.piece for t in source_tokens]
-            attention = attention_matrix(hyp.attention, prepared.attention_layer, pieces, columns, row_words, col_words)
+            attention = attention_matrix(hyp.attention, prepared.attention_layer, pieces, columns, row_words, col_words,
+                                         prepared.attention_heads, prepared.attention_reduction)
             # The source's end token (last column, at either granularity) is never an omission.
             ends = [len(attention.col_labels) - 1] if source_tokens and source_tokens[-1].id == self._eos else []
             explanation = explain(attention.weights, len(attention.col_labels), ends)
             attention = dataclasses.replace(attention, explanation=explanation)
         words = []
         if prepared.timestamp_layer is not None:
-            rows = layer_mean(hyp.attention, prepared.timestamp_layer)  # (R, S)
+            rows = combine_heads(hyp.attention, prepared.timestamp_layer)  # (R, S): mean of every head
             words = self.preprocessor.word_timings(prepared.source, rows, pieces, tok.words(ids))
         done = time.perf_counter()
         timings = Timings(
@@ -389,11 +406,12 @@ def _piece_rows(prepared: PreparedRequest, weights: np.ndarray | None) -> list[l
             when the batch kept no attention.
 
     Returns:
-        n rows of S floats: the chosen layer, mean over heads (attention_matrix's rows at PIECES).
+        n rows of S floats: the chosen layer and heads, combined (attention_matrix's rows at PIECES).
     """
     if prepared.attention_layer is None or weights is None:
         return None
-    return layer_mean(weights[..., : prepared.source.length], prepared.attention_layer).tolist()
+    return combine_heads(weights[..., : prepared.source.length], prepared.attention_layer,
+                         prepared.attention_heads, prepared.attention_reduction).tolist()
 
 
 def _stream_rest(item: WorkItem, hyp: Hypothesis, tokens: Sequence[Token], start: int, tokenizer: Tokenizer) -> None:

@@ -51,6 +51,11 @@ class AttentionGranularity(enum.Enum):
     WORDS = "words"  # pieces merged into words: columns summed, rows averaged
 
 
+class AttentionReduction(enum.Enum):
+    MEAN = "mean"  # the heads' mean: rows sum to 1
+    MAX = "max"  # the heads' element-wise maximum: what any one head looked at
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionOptions:
     # False: no attention matrix in the result.
@@ -60,6 +65,10 @@ class AttentionOptions:
     layer: int | None = None
     # How subword pieces are grouped in the returned matrix.
     granularity: AttentionGranularity = AttentionGranularity.PIECES
+    # Heads of the layer to combine (negative counts from the last); empty = all of them.
+    heads: tuple[int, ...] = ()
+    # How the heads are combined.
+    reduction: AttentionReduction = AttentionReduction.MEAN
 
 
 class InputKind(enum.Enum):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnserve.server.attention import attention_matrix, layer_mean, merge_words
+from attnserve.server.attention import attention_matrix, combine_heads, merge_words
+from attnserve.server.generation import AttentionReduction
 from attnserve.server.tokenization import Words
 
 
@@ -16,12 +17,23 @@ def random_attention(steps=5, layers=3, heads=4, sources=6, seed=0):
     return e / e.sum(-1, keepdims=True)
 
 
-def test_layer_mean_reads_one_layer_and_averages_heads():
+def test_combine_heads_reads_one_layer_and_averages_heads():
     w = random_attention()
-    np.testing.assert_allclose(layer_mean(w, 1), w[:, 1].mean(axis=1), rtol=1e-6)
-    np.testing.assert_array_equal(layer_mean(w, -1), layer_mean(w, 2))
+    np.testing.assert_allclose(combine_heads(w, 1), w[:, 1].mean(axis=1), rtol=1e-6)
+    np.testing.assert_array_equal(combine_heads(w, -1), combine_heads(w, 2))
     with pytest.raises(ValueError, match="attention layer 3 is out of range for a model with 3 layers"):
-        layer_mean(w, 3)
+        combine_heads(w, 3)
+
+
+def test_chosen_heads_are_combined_by_mean_or_max():
+    w = random_attention()
+    np.testing.assert_allclose(combine_heads(w, 1, [2]), w[:, 1, 2], rtol=1e-6)
+    np.testing.assert_allclose(combine_heads(w, 1, [0, 3]), w[:, 1, [0, 3]].mean(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(combine_heads(w, 0, [], AttentionReduction.MAX), w[:, 0].max(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(combine_heads(w, 0, [1, 2], AttentionReduction.MAX), w[:, 0, [1, 2]].max(axis=1))
+    matrix = attention_matrix(w, 1, list("abcde"), list("uvwxyz"), heads=(0, 3), reduction=AttentionReduction.MAX)
+    assert matrix.reduction == "layer 1 of 3, max over heads 0, 3, pieces"
+    assert attention_matrix(w, 1, list("abcde"), list("uvwxyz")).reduction == "layer 1 of 3, mean over 4 heads, pieces"
 
 
 def test_merge_words_sums_columns_and_averages_rows():

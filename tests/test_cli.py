@@ -163,6 +163,18 @@ def test_translate_passes_decoding_options(capsys, fake_server, address):
     assert status == 0
     request = engine.requests[-1]
     assert (request.decoding.beam_size, request.decoding.max_new_tokens, request.attention.layer) == (4, 3, 0)
+    assert (request.attention.heads, request.attention.reduction.value) == ((), "mean")
+    status, _, _ = run(capsys, *argv, "--heads", "1,-1", "--head-reduction", "max", "--model", MODEL,
+                       "--address", address)
+    assert status == 0
+    assert (engine.requests[-1].attention.heads, engine.requests[-1].attention.reduction.value) == ((1, -1), "max")
+
+
+def test_heads_that_are_not_numbers_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["translate", "abc", "--heads", "1,x"])
+    assert raised.value.code == 2
+    assert "'1,x' is not a comma-separated list of head numbers" in capsys.readouterr().err
 
 
 def test_stream_prints_the_same_translation(capsys, address):

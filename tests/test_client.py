@@ -156,6 +156,17 @@ def test_result_round_trips(attention):
 def test_request_round_trips():
     request = translation_request("abc", "zh-TW", True, "words", -2, 5, "m", beam_size=4, request_id="x")
     assert convert.request_from_proto(convert.request_to_proto(request)) == request
+    heads = translation_request("abc", attention=True, heads=[0, -1], reduction="max")
+    assert convert.request_from_proto(convert.request_to_proto(heads)) == heads
+
+
+def test_unknown_reduction_is_a_value_error_on_both_sides():
+    with pytest.raises(ValueError):
+        translation_request("abc", reduction="median")
+    wire = convert.request_to_proto(translation_request("abc", attention=True))
+    wire.attention.reduction = 7
+    with pytest.raises(ValueError, match="unknown attention reduction 7"):
+        convert.request_from_proto(wire)
 
 
 def test_model_info_round_trips():

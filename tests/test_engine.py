@@ -16,6 +16,7 @@ from attnserve.server.engine import load_engine, load_engines
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
+    AttentionReduction,
     DecodingOptions,
     FinishReason,
     GenerationRequest,
@@ -30,6 +31,8 @@ WAIT = 60  # seconds; only a bound against hanging, never asserted on
 TEXTS = MIXED_TEXTS
 PIECES = AttentionOptions(enabled=True, layer=-1, granularity=AttentionGranularity.PIECES)
 WORDS = AttentionOptions(enabled=True, layer=0, granularity=AttentionGranularity.WORDS)
+# Two heads of the last layer, their maximum: rows no longer sum to 1.
+MAX_OF_TWO = AttentionOptions(enabled=True, layer=-1, heads=(1, -1), reduction=AttentionReduction.MAX)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +93,9 @@ def test_info_and_registry(registry, engine):
         ({"decoding": DecodingOptions(beam_size=0)}, "beam_size 0 is out of range"),
         ({"attention": AttentionOptions(enabled=True, layer=2)}, "attention layer 2 is out of range: .* has 2 decoder"),
         ({"attention": AttentionOptions(enabled=True, layer=-3)}, "attention layer -3 is out of range"),
+        ({"attention": AttentionOptions(enabled=True, heads=(0, 4))},
+         r"attention heads \[4\] are out of range: .* has 4 heads per layer \(use 0..3, or -4..-1"),
+        ({"attention": AttentionOptions(enabled=True, heads=(1, -3))}, r"attention heads \[1, -3\] name a head twice"),
         ({"model": "other"}, "request for model 'other' sent to model 'tiny-translate'"),
     ],
 )
@@ -191,8 +197,25 @@ def test_beam_search_requests(engine):
     np.testing.assert_allclose(np.sum(beam.attention.weights, axis=1), 1.0, atol=1e-5)
 
 
+def test_a_request_chooses_heads_and_how_they_are_combined(engine):
+    """One head alone, their mean and their max, read off the same decode: the mean of the four one-head
+    matrices is the default matrix, and the max of two is at least either of them."""
+    def matrix(**options):
+        attention = AttentionOptions(enabled=True, layer=-1, **options)
+        return engine.generate(request(5, attention=attention), WAIT).attention
+
+    default = matrix()
+    single = [np.array(matrix(heads=(h,)).weights) for h in range(4)]
+    np.testing.assert_allclose(np.mean(single, axis=0), default.weights, atol=1e-6)
+    assert not np.allclose(single[0], single[1]), "the test needs heads that differ"
+    most = matrix(heads=(1, 3), reduction=AttentionReduction.MAX)
+    np.testing.assert_allclose(most.weights, np.maximum(single[1], single[3]), atol=1e-6)
+    assert most.reduction == "layer 1 of 2, max over heads 1, 3, pieces"
+    assert matrix(heads=(-1,)).weights == matrix(heads=(3,)).weights
+
+
 @pytest.mark.parametrize("beam_size", [1, 3])
-@pytest.mark.parametrize("attention", [PIECES, WORDS])
+@pytest.mark.parametrize("attention", [PIECES, WORDS, MAX_OF_TWO])
 def test_streamed_tokens_carry_their_row_of_the_piece_matrix(engine, attention, beam_size):
     streamed = []
     result = engine.submit(request(5, attention=attention, beam_size=beam_size), streamed.append).result(WAIT)

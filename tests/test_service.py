@@ -153,6 +153,11 @@ def test_list_and_get_model(served):
             "attention granularity 9",
         ),
         (
+            text_request(attention=pb.AttentionOptions(mode=pb.ATTENTION_MODE_AGGREGATED, reduction=5)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "attention reduction 5",
+        ),
+        (
             pb.GenerateRequest(model="fake-translate", audio=pb.AudioInput(data=b"RIFF")),
             grpc.StatusCode.INVALID_ARGUMENT,
             "model 'fake-translate' takes text input, not audio",
@@ -484,6 +489,8 @@ def test_real_request_left_early_stops_decoding(held_server, rpc, how):
         ({"decoding": pb.DecodingOptions(max_new_tokens=100000)}, "100000"),
         ({"decoding": pb.DecodingOptions(max_new_tokens=-1)}, "-1"),
         ({"text": None}, "missing input"),
+        ({"attention": pb.AttentionOptions(mode=pb.ATTENTION_MODE_AGGREGATED, heads=[0, 9])},
+         "attention heads [9] are out of range: model 'tiny-translate' has 4 heads per layer"),
     ],
 )
 def test_real_bad_inputs_are_invalid_argument(real_server, fields, message):
