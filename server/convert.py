@@ -61,9 +61,13 @@ def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
         attention=gen.AttentionOptions(
             enabled=options.mode == pb.ATTENTION_MODE_AGGREGATED,
             layer=options.layer if options.HasField("layer") else None,
-            granularity=_granularity_from_proto(options.granularity),
+            granularity=_enum_from_proto(
+                options.granularity, _GRANULARITIES, gen.AttentionGranularity.PIECES, "attention granularity"
+            ),
             heads=tuple(options.heads),
-            reduction=_reduction_from_proto(options.reduction),
+            reduction=_enum_from_proto(
+                options.reduction, _REDUCTIONS, gen.AttentionReduction.MEAN, "attention reduction"
+            ),
         ),
         request_id=msg.request_id,
     )
@@ -153,22 +157,14 @@ def _audio_to_proto(audio: gen.AudioInput) -> pb.AudioInput:
     return pb.AudioInput(data=audio.wav, samples=samples, sample_rate_hz=audio.sample_rate_hz)
 
 
-def _granularity_from_proto(value: int) -> gen.AttentionGranularity:
-    if value == pb.ATTENTION_GRANULARITY_UNSPECIFIED:
-        return gen.AttentionGranularity.PIECES
-    for granularity, wire in _GRANULARITIES.items():
+def _enum_from_proto(value: int, table: dict, unset, what: str):
+    """The server's enum member for a wire value (0 = unset = `unset`); unknown values are a ValueError."""
+    if value == 0:
+        return unset
+    for member, wire in table.items():
         if wire == value:
-            return granularity
-    raise ValueError(f"unknown attention granularity {value}")
-
-
-def _reduction_from_proto(value: int) -> gen.AttentionReduction:
-    if value == pb.ATTENTION_REDUCTION_UNSPECIFIED:
-        return gen.AttentionReduction.MEAN
-    for reduction, wire in _REDUCTIONS.items():
-        if wire == value:
-            return reduction
-    raise ValueError(f"unknown attention reduction {value}")
+            return member
+    raise ValueError(f"unknown {what} {value}")
 
 
 # ---- results -----------------------------------------------------------------------------------------
