@@ -1,0 +1,195 @@
+"""The server under N concurrent clients over gRPC, with and without batching, side by side in one run.
+
+    .venv/bin/python bench/concurrency.py                                # 1, 8, 32, 64 clients, 10 s each
+    .venv/bin/python bench/concurrency.py --clients 1 32 --seconds 20 --out results.json
+
+Two `attnserve serve` processes run the bundled translator (one intra-op thread each): `batched` with the
+server's defaults (continuous batching) and `unbatched` with `--max-rows 1` (one request decodes at a
+time). This process is the clients: at each concurrency level N, N asyncio clients each send a request
+(real test-split sentences, both directions, greedy, no attention) over `GenerateStream`, wait for its
+end, and send the next, for `--seconds`; the levels alternate between the two servers so that a slow spell
+on a shared machine hits both. Reported per server and level: requests/s, generated tokens/s, latency
+p50/p95/p99 and time to first token p50/p95 (both from the client's send), and the server's peak RSS.
+
+Also reported: `batching_gain` (batched / unbatched tokens/s at each level) and `grpc_over_in_process`
+(one client's median latency over gRPC / the same requests' median latency through `ModelEngine.generate`
+in this process, one at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from attnserve.clients.client import AsyncClient
+from attnserve.export.train import read_pairs
+from attnserve.server.engine import load_engine
+from attnserve.server.generation import GenerationRequest, GenerationResult
+from attnserve.server.repository import find_models
+
+STARTUP_SECONDS = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`attnserve serve` in a child process on a free loopback port."""
+
+    def __init__(self, models: pathlib.Path, extra: list[str]):
+        self.port = free_port()
+        command = [sys.executable, "-m", "attnserve.clients.cli", "serve", "--models", str(models),
+                   "--host", "127.0.0.1", "--port", str(self.port), "--threads", "1", *extra]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._wait_serving()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _wait_serving(self) -> None:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise SystemExit(f"the server exited: {self.process.stderr.read().decode()[-2000:]}")
+                try:
+                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == 1:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.5)
+        raise SystemExit(f"the server on {self.address} did not start in {STARTUP_SECONDS} s")
+
+    def peak_rss_mb(self) -> float:
+        for line in pathlib.Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(60)
+
+
+async def closed_loop(address: str, requests: list[GenerationRequest], clients: int, seconds: float) -> dict:
+    """`clients` clients, each sending its next request when the last one ended, for `seconds`."""
+    latencies, first_tokens, tokens = [], [], 0
+    stop_at = time.perf_counter() + seconds
+    async with AsyncClient(address, timeout=600) as client:
+
+        async def one_client(offset: int) -> None:
+            nonlocal tokens
+            i = offset
+            while time.perf_counter() < stop_at:
+                request = requests[i % len(requests)]
+                i += clients
+                sent, first = time.perf_counter(), None
+                async for event in client.stream(request):
+                    if first is None:
+                        first = time.perf_counter() - sent
+                    if isinstance(event, GenerationResult):
+                        tokens += len(event.tokens)
+                latencies.append(time.perf_counter() - sent)
+                first_tokens.append(first)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one_client(k) for k in range(clients)))
+        elapsed = time.perf_counter() - started
+    quantile = lambda xs, q: statistics.quantiles(xs, n=100)[q - 1] if len(xs) > 1 else xs[0]  # noqa: E731
+    return {
+        "requests": len(latencies),
+        "requests_per_s": len(latencies) / elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "latency_p50_ms": 1e3 * statistics.median(latencies),
+        "latency_p95_ms": 1e3 * quantile(latencies, 95),
+        "latency_p99_ms": 1e3 * quantile(latencies, 99),
+        "first_token_p50_ms": 1e3 * statistics.median(first_tokens),
+        "first_token_p95_ms": 1e3 * quantile(first_tokens, 95),
+    }
+
+
+def in_process_latency_ms(models: pathlib.Path, model: str, requests: list[GenerationRequest], count: int) -> float:
+    engine = load_engine(find_models(models)[model])
+    try:
+        times = []
+        for request in requests[:count]:
+            started = time.perf_counter()
+            engine.generate(request, 600)
+            times.append(time.perf_counter() - started)
+        return 1e3 * statistics.median(times)
+    finally:
+        engine.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
+    parser.add_argument("--model", default="translate-zh-en")
+    parser.add_argument("--split", type=pathlib.Path, default=pathlib.Path("data/corpus/test.tsv"))
+    parser.add_argument("--sentences", type=int, default=400, help="half zh->en, half en->zh")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--seconds", type=float, default=10.0, help="per server and level")
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args()
+
+    pairs = read_pairs(args.split)[: args.sentences // 2]
+    requests = [r for _, zh in pairs for r in [GenerationRequest(args.model, zh, "en")]] + [
+        GenerationRequest(args.model, en, "zh-TW") for en, _ in pairs]
+    requests = requests[0::2] + requests[1::2]  # mix the directions and lengths
+    in_process = in_process_latency_ms(args.models, args.model, requests, 100)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    servers = {"batched": ServerProcess(args.models, []),
+               "unbatched": ServerProcess(args.models, ["--max-rows", "1", "--max-batch-size", "1", "--max-beam-size", "1"])}
+    levels: dict[str, dict[int, dict]] = {name: {} for name in servers}
+    try:
+        for server in servers.values():  # warm-up: the first requests load lazily-built state
+            asyncio.run(closed_loop(server.address, requests, 4, 2.0))
+        for clients in args.clients:
+            for name, server in servers.items():
+                levels[name][clients] = asyncio.run(closed_loop(server.address, requests, clients, args.seconds))
+                print(name, clients, json.dumps({k: round(v, 1) for k, v in levels[name][clients].items()}),
+                      flush=True)
+        rss = {name: server.peak_rss_mb() for name, server in servers.items()}
+    finally:
+        for server in servers.values():
+            server.stop()
+    report = {
+        "model": args.model,
+        "seconds_per_level": args.seconds,
+        "levels": levels,
+        "server_peak_rss_mb": rss,
+        "in_process_latency_p50_ms": in_process,
+        "batching_gain": {c: levels["batched"][c]["tokens_per_s"] / levels["unbatched"][c]["tokens_per_s"]
+                          for c in args.clients},
+        "grpc_over_in_process": (levels["batched"][1]["latency_p50_ms"] / in_process) if 1 in args.clients else None,
+    }
+    print(json.dumps(report, indent=2))
+    print("\n| server | clients | tokens/s | requests/s | p50 / p95 / p99 latency | first token p50 / p95 |")
+    print("|---|---|---|---|---|---|")
+    for name, by_level in levels.items():
+        for clients, r in by_level.items():
+            print(f"| {name} | {clients} | {r['tokens_per_s']:.0f} | {r['requests_per_s']:.1f} | "
+                  f"{r['latency_p50_ms']:.0f} / {r['latency_p95_ms']:.0f} / {r['latency_p99_ms']:.0f} ms | "
+                  f"{r['first_token_p50_ms']:.0f} / {r['first_token_p95_ms']:.0f} ms |")
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
