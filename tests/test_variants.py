@@ -79,3 +79,45 @@ def test_manifest_variants_must_name_both_graphs(quantized_repo, tmp_path):
     path.write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="variants.int8"):
         find_models(broken)
+
+
+@pytest.fixture(scope="module")
+def half_repo(tiny_model_repo, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("half")
+    shutil.copytree(tiny_model_repo / MODEL, repo / MODEL)
+    version = next((repo / MODEL).iterdir())
+    assert set(quantize_folder(version, "fp16")) == {"encoder.fp16.onnx", "decoder.fp16.onnx"}
+    return repo
+
+
+def test_the_float16_variant_computes_what_float32_does_to_half_precision(half_repo):
+    """Same feeds through both decoders, step by step: the float16 graphs keep float32 inputs and
+    outputs (the cache and the decode loop are unchanged) and their logits stay within float16's reach."""
+    import numpy as np
+
+    from attnserve.server.decoding import Batch
+
+    model = find_models(half_repo)[MODEL]
+    engines = {v: load_engine(model, RuntimeOptions(variant=v)) for v in ("", "fp16")}
+    try:
+        assert engines["fp16"].info.variant == "fp16"
+        texts = ["Save the file", "開啟檔案選單", "Open the File menu, then choose Save."]
+        batches = {}
+        for variant, engine in engines.items():
+            prepared = [engine.prepare(GenerationRequest(MODEL, t, "zh-TW")) for t in texts]
+            batches[variant] = Batch.build(engine.manifest, engine.runtime,
+                                           engine.preprocessor.collate([p.source for p in prepared]))
+        for token in [4, 9, 10, 11, 12, 13, 14, 15]:
+            full, half = (batches[v].step(np.full(len(texts), token)) for v in ("", "fp16"))
+            finite = np.isfinite(full.logits)
+            assert half.logits.dtype == np.float32 and np.array_equal(finite, np.isfinite(half.logits))
+            np.testing.assert_allclose(half.logits[finite], full.logits[finite], atol=0.05, rtol=0.01)
+            np.testing.assert_allclose(half.attention, full.attention, atol=5e-3)
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
+def test_an_unknown_variant_kind_is_refused(tiny_model_repo, tmp_path):
+    with pytest.raises(ValueError, match="unknown variant 'int4': use one of int8, fp16"):
+        quantize_folder(tmp_path, "int4")
