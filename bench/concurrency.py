@@ -27,6 +27,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import grpc
@@ -54,7 +55,9 @@ class ServerProcess:
         self.port = free_port()
         command = [sys.executable, "-m", "attnserve.clients.cli", "serve", "--models", str(models),
                    "--host", "127.0.0.1", "--port", str(self.port), "--threads", "1", *extra]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its log goes to a file: an unread pipe fills up under load and blocks the server.
+        self.log = tempfile.NamedTemporaryFile(prefix="attnserve-bench-", suffix=".log", delete=False)
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self.log)
         self._wait_serving()
 
     @property
@@ -67,7 +70,7 @@ class ServerProcess:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
-                    raise SystemExit(f"the server exited: {self.process.stderr.read().decode()[-2000:]}")
+                    raise SystemExit(f"the server exited: {pathlib.Path(self.log.name).read_text()[-2000:]}")
                 try:
                     if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == 1:
                         return
@@ -85,6 +88,8 @@ class ServerProcess:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(60)
+        self.log.close()
+        pathlib.Path(self.log.name).unlink()
 
 
 async def closed_loop(address: str, requests: list[GenerationRequest], clients: int, seconds: float) -> dict:
