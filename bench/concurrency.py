@@ -5,10 +5,11 @@
 
 Two `attnserve serve` processes run the bundled translator (one intra-op thread each): `batched` with the
 server's defaults (continuous batching) and `unbatched` with `--max-rows 1` (one request decodes at a
-time). This process is the clients: at each concurrency level N, N asyncio clients each send a request
-(real test-split sentences, both directions, greedy, no attention) over `GenerateStream`, wait for its
-end, and send the next, for `--seconds`; the levels alternate between the two servers so that a slow spell
-on a shared machine hits both. Reported per server and level: requests/s, generated tokens/s, latency
+time), and with `--hold-steps N` a third, `held`, that holds a few queued requests back for up to N steps
+so that they join the running batch together (`--admission-hold-steps`). This process is the clients: at
+each concurrency level N, N asyncio clients each send a request (real test-split sentences, both
+directions, greedy, no attention) over `GenerateStream`, wait for its end, and send the next, for
+`--seconds`; the levels alternate between the servers so that a slow spell on a shared machine hits all. Reported per server and level: requests/s, generated tokens/s, latency
 p50/p95/p99 and time to first token p50/p95 (both from the client's send), and the server's peak RSS.
 
 Also reported: `batching_gain` (batched / unbatched tokens/s at each level) and `grpc_over_in_process`
@@ -150,6 +151,8 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=400, help="half zh->en, half en->zh")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--seconds", type=float, default=10.0, help="per server and level")
+    parser.add_argument("--hold-steps", type=int, default=0,
+                        help="also run a third server, `held`, with --admission-hold-steps N")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
 
@@ -161,6 +164,8 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     servers = {"batched": ServerProcess(args.models, []),
                "unbatched": ServerProcess(args.models, ["--max-rows", "1", "--max-batch-size", "1", "--max-beam-size", "1"])}
+    if args.hold_steps:
+        servers["held"] = ServerProcess(args.models, ["--admission-hold-steps", str(args.hold_steps)])
     levels: dict[str, dict[int, dict]] = {name: {} for name in servers}
     try:
         for server in servers.values():  # warm-up: the first requests load lazily-built state

@@ -107,8 +107,11 @@ class ContinuousLoop:
             head = batcher.peek()
             if head is not None:
                 scheduler.make_room(head.payload.beam_size)
-            fits = scheduler.admission()
-            items = batcher.take(lambda item: fits(item.payload.beam_size), block=not scheduler.running)
+            if scheduler.hold(batcher.queued()):
+                items = []
+            else:
+                fits = scheduler.admission()
+                items = batcher.take(lambda item: fits(item.payload.beam_size), block=not scheduler.running)
             if items is None and not scheduler.running:
                 return False
             self._admit(items or [], scheduler.foreground, batcher)

@@ -35,6 +35,7 @@ class ServeOptions:
     variant: str | None = None  # serve each model's graphs of this manifest variant (e.g. int8) where it has one
     max_rows: int = 64  # continuous batching: rows (beams count one each) decoding together per model
     fair_share_row_steps: int = 512  # continuous batching: rows x steps before a request yields to the queue
+    admission_hold_steps: int = 0  # continuous batching: steps a few queued requests may wait for company
     metrics_port: int | None = None  # serve Prometheus /metrics over HTTP; None = don't
     # Interface of the metrics listener. Loopback by default, whatever --host says: metrics name the models
     # and show the traffic, so exposing them is a separate, explicit choice.
@@ -70,6 +71,7 @@ def _problems(o: ServeOptions):
         ("--max-beam-size", o.max_beam_size, 1),
         ("--max-rows", o.max_rows, 1),
         ("--fair-share-row-steps", o.fair_share_row_steps, 1),
+        ("--admission-hold-steps", o.admission_hold_steps, 0),
     ):
         if value < least:
             yield f"{flag} must be at least {least}, got {value}"
@@ -144,6 +146,12 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         "fair_share_row_steps",
         dict(type=int, help="--batching continuous: rows x steps a request may spend before queued requests "
              "get its place (default: %(default)s)"),
+    ),
+    "--admission-hold-steps": (
+        "admission_hold_steps",
+        dict(type=int, help="--batching continuous: while a batch runs, hold fewer than 8 queued requests back "
+             "for up to this many steps so that they are admitted together: more throughput, a later first "
+             "token (default: %(default)s = admit at every step)"),
     ),
     "--metrics-port": ("metrics_port", dict(type=int, help="serve Prometheus /metrics over HTTP on this port")),
     "--metrics-host": (

@@ -10,6 +10,8 @@ Late arrivals are made late by the running request's own token callback, not by 
 
 from __future__ import annotations
 
+import dataclasses
+
 import threading
 from concurrent.futures import CancelledError
 
@@ -237,6 +239,33 @@ def test_cancelling_a_running_request_frees_its_row_within_one_step(tiny_model_r
     # The step the cancel happened in is the last one shared (after[0]); from the next one the row is gone.
     assert after[0] in (1, 2) and set(after[1:-1]) == {1}
     assert after[-1] == 0  # the kept request's own last step freed its row
+
+
+@pytest.mark.parametrize("hold, company, joins_after", [(0, 0, 1), (3, 0, 4), (3, 2, 1)])
+def test_a_held_request_joins_once_it_has_company_or_the_hold_ends(tiny_model_repo, hold, company, joins_after):
+    """--admission-hold-steps: a request arriving alone mid-flight waits `hold` steps, one that arrives with
+    enough others (here the hold queue is 3) joins at the next step; the result is the same either way."""
+    options = dataclasses.replace(CONTINUOUS, continuous=SchedulingOptions(
+        max_rows=16, admission_hold_steps=hold, admission_hold_queue=3))
+    continuous, alone = engines(tiny_model_repo, TINY_MODEL_NAME, options)
+    rows, late = [], [text(TINY_MODEL_NAME, 3 + k, new=6, at_least=6) for k in range(1 + company)]
+    futures = []
+
+    def first_token(token):
+        rows.append(continuous.running_rows())
+        if token.index == 0:
+            futures.extend(continuous.submit(r) for r in late)
+
+    try:
+        long = continuous.submit(text(TINY_MODEL_NAME, 0, new=12, at_least=12), first_token)
+        long.result(WAIT)
+        for request, future in zip(late, futures):
+            assert_same(future.result(WAIT), alone.generate(request, WAIT))
+    finally:
+        continuous.close()
+        alone.close()
+    # rows[i]: rows running in the step that made the long request's token i (after it was answered).
+    assert rows[: joins_after] == [1] * joins_after and rows[joins_after] == 2 + company
 
 
 def test_admission_bounds_rows_but_never_blocks_an_empty_lane():

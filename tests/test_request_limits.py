@@ -88,14 +88,16 @@ def test_beam_size_over_the_flag_is_refused_and_stated(tiny_model_repo):
 
 def test_scheduling_flags_reach_the_scheduler_and_are_checked(tiny_model_repo):
     engines = app.load_engines(app.ServeOptions(models=str(tiny_model_repo), max_rows=8, fair_share_row_steps=99,
-                                                max_beam_size=8))
+                                                max_beam_size=8, admission_hold_steps=2))
     try:
         engine = engines[MODEL]
         engine.generate(GenerationRequest(MODEL, "Save"), WAIT)  # the loop makes its scheduler when it runs
         scheduling = engine._continuous.scheduler.options
-        assert (scheduling.max_rows, scheduling.fair_share_row_steps) == (8, 99)
+        assert (scheduling.max_rows, scheduling.fair_share_row_steps, scheduling.admission_hold_steps) == (8, 99, 2)
     finally:
         for engine in engines.values():
             engine.close()
     with pytest.raises(ValueError, match="--max-beam-size 16 needs --max-rows of at least as many, got 8"):
         app.ServeOptions(max_rows=8)
+    with pytest.raises(ValueError, match="--admission-hold-steps must be at least 0, got -1"):
+        app.ServeOptions(admission_hold_steps=-1)
