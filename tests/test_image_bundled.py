@@ -56,9 +56,11 @@ def test_the_bundled_captioner_describes_new_scenes_and_points_at_what_it_names(
                                                attention=options)) for s in graphs]
     results = [f.result(60) for f in futures]
     exact = np.mean([r.text == s.caption for r, s in zip(results, graphs)])
+    grid = engine.info.image.grid_rows
+    assert engine.info.image.grid_cols == grid
     def pointing(overlap: bool) -> list[bool]:
         return [hit for r, s in zip(results, graphs)
-                for hit in scoring.pointing_trials(r.text.split(), np.asarray(r.attention.weights), s, 8, overlap)]
+                for hit in scoring.pointing_trials(r.text.split(), np.asarray(r.attention.weights), s, grid, overlap)]
 
     assert exact >= 0.75, [(r.text, s.caption) for r, s in zip(results, graphs) if r.text != s.caption]
     # Chance is about 0.1 for the cell centre; the model measured 0.79 (centre) and 0.94 (overlap) here.

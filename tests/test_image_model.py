@@ -145,8 +145,10 @@ def test_pointing_hits_when_the_most_attended_cell_lies_in_the_named_box():
 # ---- model, export, training ---------------------------------------------------------------------------
 
 
-def test_onnx_equals_pytorch(tmp_path):
-    model = captioner(seed=1)
+@pytest.mark.parametrize("changes", [{}, {"stages": (6, 8), "fine_grid": True}], ids=["grid", "fine-grid"])
+def test_onnx_equals_pytorch(tmp_path, changes):
+    model = captioner(seed=1, **changes)
+    assert model.cfg.grid == 4  # 16 pixels: one stage of pooling, or two and the fine grid
     worst = export.parity(model, export_repo(model, tmp_path) / "tiny-caption" / "1")
     assert set(worst) == set(export.ENCODER_OUTPUTS + export.DECODER_OUTPUTS)
     assert max(worst.values()) < 1e-5

@@ -11,21 +11,22 @@ import numpy as np
 NAME = "tiny-caption"
 
 
-def config():
+def config(**changes):
     from attnserve.export.image.model import ShowAttendTellConfig
 
-    return ShowAttendTellConfig(image_size=16, stem=4, stages=(8,), grid_convs=1, feature_dim=8, embed_dim=8,
-                                decoder_hidden=16, attention_dim=8, max_words=6)
+    return ShowAttendTellConfig(**{**dict(image_size=16, stem=4, stages=(8,), grid_convs=1, feature_dim=8,
+                                          embed_dim=8, decoder_hidden=16, attention_dim=8, max_words=6), **changes})
 
 
-def captioner(seed: int = 0):
-    """Random weights (seeded), eval mode; batch-norm statistics drawn too, so they are not the identity."""
+def captioner(seed: int = 0, **changes):
+    """Random weights (seeded), eval mode; batch-norm statistics drawn too, so they are not the identity.
+    `changes` alter the toy configuration (e.g. fine_grid=True)."""
     import torch
 
     from attnserve.export.image.model import ShowAttendTell
 
     torch.manual_seed(seed)
-    model = ShowAttendTell(config())
+    model = ShowAttendTell(config(**changes))
     for module in model.modules():
         if isinstance(module, torch.nn.BatchNorm2d):
             module.running_mean.normal_(0, 0.2)

@@ -224,13 +224,15 @@ def main() -> None:
     parser.add_argument("--stages", type=int, nargs="+", default=list(ShowAttendTellConfig.stages),
                         help="channels of each conv + max-pool stage; one stage gives a 16 x 16 grid on 64 pixels, "
                              "two an 8 x 8 one (a new run only: a resumed run keeps its checkpoint's)")
+    parser.add_argument("--fine-grid", action="store_true",
+                        help="attend over a grid twice as fine as the deep features (a new run only)")
     args = parser.parse_args()
     args.run.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         handlers=[logging.FileHandler(args.run / "train.log"), logging.StreamHandler()])
     torch.set_num_threads(args.threads)
     opts = TrainOptions(lr=args.lr, attention_weight=args.attention_weight, checkpoint_minutes=args.checkpoint_minutes)
-    train(args.corpus, args.run, args.minutes, ShowAttendTellConfig(stages=tuple(args.stages)), opts)
+    train(args.corpus, args.run, args.minutes, ShowAttendTellConfig(stages=tuple(args.stages), fine_grid=args.fine_grid), opts)
 
 
 if __name__ == "__main__":
