@@ -63,5 +63,6 @@ def test_the_bundled_captioner_describes_new_scenes_and_points_at_what_it_names(
                 for hit in scoring.pointing_trials(r.text.split(), np.asarray(r.attention.weights), s, grid, overlap)]
 
     assert exact >= 0.75, [(r.text, s.caption) for r, s in zip(results, graphs) if r.text != s.caption]
-    # Chance is about 0.1 for the cell centre; the model measured 0.79 (centre) and 0.94 (overlap) here.
-    assert np.mean(pointing(False)) >= 0.6 and np.mean(pointing(True)) >= 0.8 and len(pointing(False)) >= COUNT
+    # Chance is about 0.1 for the cell centre; version 2 measured 0.92 exact, 0.89 (centre) and 0.89 (overlap)
+    # here (version 1, on its 8 x 8 grid: 0.79 and 0.94).
+    assert np.mean(pointing(False)) >= 0.75 and np.mean(pointing(True)) >= 0.8 and len(pointing(False)) >= COUNT
