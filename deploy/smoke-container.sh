@@ -32,7 +32,8 @@ CONF
 if [[ ! -s $base_tar ]]; then
   sources=$(ls /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1 || true)
   mirror=${sources:-/etc/apt/sources.list}
-  mmdebstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$base_tar.part" "$mirror"
+  # --format: the ".part" name would otherwise make mmdebstrap write a directory, not a tarball.
+  mmdebstrap --variant=minbase --format=tar --include=python3,python3-venv,ca-certificates bookworm "$base_tar.part" "$mirror"
   mv "$base_tar.part" "$base_tar"
 fi
 podman image exists "$base_image" || podman import "$base_tar" "$base_image" >/dev/null
