@@ -1,9 +1,10 @@
 """Turns the cross-attention collected while decoding into the one matrix a client sees.
 
 One layer is read and its heads (all, or those the request names) are combined: their mean by default, or
-their element-wise maximum (what any one head looked at; rows then no longer sum to 1). At word granularity the columns of a source word's pieces
-are summed (the word gets the attention all its pieces got, so each row still sums to 1) and the rows of an
-output word's pieces are averaged (a word's row is the mean distribution of its pieces, also summing to 1).
+their element-wise maximum (what any one head looked at; rows then no longer sum to 1). At word granularity
+the columns of a source word's pieces are summed (the word gets the attention all its pieces got, so each
+row still sums to 1) and the rows of an output word's pieces are averaged (a word's row is the mean
+distribution of its pieces, also summing to 1).
 """
 
 from __future__ import annotations

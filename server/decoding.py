@@ -101,8 +101,9 @@ class Batch:
         self._runtime = runtime
         self._static = static  # decoder input name -> tensor, batch along its spec's batch_axis
         appended = [s for s in manifest.state if s.update == "append"]
+        in_cache = {s.input for s in appended}
         # Replaced state (an LSTM's h, c), decoder input name -> tensor; appended state lives in the cache.
-        self._state = {name: x for name, x in state.items() if name not in {s.input for s in appended}}
+        self._state = {name: x for name, x in state.items() if name not in in_cache}
         spare_slots = manifest.decoder.self_attention_mask is not None
         self._cache = AppendCache.start(appended, state, spare_slots) if appended else None
         self.source_lengths = source_lengths  # (B,) real source tokens per row

@@ -196,7 +196,7 @@ class ModelEngine:
         if not -layers <= layer < layers:
             raise ValueError(
                 f"attention layer {layer} is out of range: model '{self.manifest.name}' has {layers} decoder "
-                f"layers (use 0..{layers - 1}, or -{layers}..-1 counting from the last)"
+                f"layers ({_index_range(layers)})"
             )
         return layer % layers
 
@@ -206,7 +206,7 @@ class ModelEngine:
         if bad:
             raise ValueError(
                 f"attention heads {bad} are out of range: model '{self.manifest.name}' has {heads} heads per layer "
-                f"(use 0..{heads - 1}, or -{heads}..-1 counting from the last)"
+                f"({_index_range(heads)})"
             )
         chosen = tuple(h % heads for h in asked)
         if len(set(chosen)) != len(chosen):
@@ -396,6 +396,11 @@ class ModelEngine:
             tokens = [Token(p, i, lp) for p, i, lp in zip(self.tokenizer.pieces(ids), ids, h.logprobs.tolist())]
             out.append(ScoredSequence(self.tokenizer.decode(ids), tokens, h.score, h.finish_reason))
         return out
+
+
+def _index_range(count: int) -> str:
+    """How an index into `count` things may be written: from the first, or negative from the last."""
+    return f"use 0..{count - 1}, or -{count}..-1 counting from the last"
 
 
 def _piece_rows(prepared: PreparedRequest, weights: np.ndarray | None) -> list[list[float]] | None:

@@ -50,7 +50,7 @@ class AppendCache:
         specs = tuple(specs)
         first = tensors[specs[0].input]
         rows, length = first.shape[specs[0].batch_axis], first.shape[specs[0].time_axis]
-        cache = cls._allocate(specs, {s.input: tensors[s.input] for s in specs}, rows, length, spare_slots)
+        cache = cls._allocate(specs, tensors, rows, length, spare_slots)
         for spec in specs:
             cache._buffers[spec.input][_time_index(spec, slice(0, length), first.ndim)] = tensors[spec.input]
         cache._mask[:, :length] = 1

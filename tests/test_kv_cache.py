@@ -52,21 +52,20 @@ def reference_steps(manifest, runtime, sources, tokens: np.ndarray):
     batch = build(manifest, runtime, sources)  # only for its static (encoder) inputs
     d, names = manifest.decoder, appended(manifest)
     specs = {s.input: s for s in manifest.state}
-    cache = {name: None for name in names}
+    cache = {}  # name -> (B, ..., T, ...): starts empty, as the batch's buffers (their time axis cut to 0)
+    for name, buffer in batch._cache.feeds()[0].items():
+        shape = list(buffer.shape)
+        shape[specs[name].time_axis] = 0
+        cache[name] = np.zeros(shape, np.float32)
     b = len(sources)
     results = []
     for step, token in enumerate(tokens):
-        feeds = {**batch._static, d.input_ids: np.full((b, 1), token, dtype=np.int64),
+        feeds = {**batch._static, **cache, d.input_ids: np.full((b, 1), token, dtype=np.int64),
                  d.position_ids: np.full((b, 1), step, dtype=np.int64),
                  d.self_attention_mask: np.ones((b, step + 1), dtype=np.int64)}
-        for name in names:
-            shape = list(batch._cache.feeds()[0][name].shape)
-            shape[specs[name].time_axis] = 0
-            feeds[name] = np.zeros(shape, np.float32) if cache[name] is None else cache[name]
         out = runtime.decode_step(feeds)
         for name in names:
-            new = out[specs[name].output]
-            cache[name] = new if cache[name] is None else np.concatenate([cache[name], new], specs[name].time_axis)
+            cache[name] = np.concatenate([cache[name], out[specs[name].output]], specs[name].time_axis)
         results.append((out[d.logits], out[manifest.attention.output]))
     return results
 

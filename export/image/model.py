@@ -111,22 +111,18 @@ class Encoder(nn.Module):
 
     def __init__(self, cfg: ShowAttendTellConfig):
         super().__init__()
-        layers, width = _conv(3, cfg.stem, stride=2), cfg.stem
-        for channels in cfg.stages[:-1] if cfg.fine_grid else cfg.stages:
-            layers += [*_conv(width, channels), nn.MaxPool2d(2)]
-            width = channels
-        if cfg.fine_grid:  # the finer stage output, then the last stage and the grid convolutions on their own
-            self.early = nn.Sequential(*layers)
-            fine_width, layers = width, [*_conv(width, cfg.stages[-1]), nn.MaxPool2d(2)]
-            width = cfg.stages[-1]
-        for _ in range(cfg.grid_convs):
-            layers += _conv(width, width)
-        if cfg.fine_grid:
-            self.deep = nn.Sequential(*layers)
+        widths = (cfg.stem, *cfg.stages)
+        stages = [[*_conv(c_in, c_out), nn.MaxPool2d(2)] for c_in, c_out in zip(widths, widths[1:])]
+        grid_convs = [m for _ in range(cfg.grid_convs) for m in _conv(widths[-1], widths[-1])]
+        project = [nn.Conv2d(widths[-1], cfg.feature_dim, 1), nn.ReLU(inplace=True)]
+        stem = _conv(3, cfg.stem, stride=2)
+        if cfg.fine_grid:  # up to the finer output; the last stage and grid convolutions; the joined grid
+            self.early = nn.Sequential(*stem, *[m for stage in stages[:-1] for m in stage])
+            self.deep = nn.Sequential(*stages[-1], *grid_convs)
             self.upsample = nn.Upsample(scale_factor=2, mode="nearest")
-            layers = [*_conv(width + fine_width, width)]
-        layers += [nn.Conv2d(width, cfg.feature_dim, 1), nn.ReLU(inplace=True)]
-        self.net = nn.Sequential(*layers)
+            self.net = nn.Sequential(*_conv(widths[-1] + widths[-2], widths[-1]), *project)
+        else:
+            self.net = nn.Sequential(*stem, *[m for stage in stages for m in stage], *grid_convs, *project)
         self.fine_grid = cfg.fine_grid
         # Learned per cell; on the fine grid they start as 2-D sinusoids (rows in one half of the features,
         # columns in the other): four times as many cells would otherwise learn where they are four times slower.
