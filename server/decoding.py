@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from attnserve.server.ctc_prefix import CTCPrefixScorer
 from attnserve.server.generation import AttentionReduction, FinishReason, GenerationRequest, SamplingOptions
 from attnserve.server.kv_cache import AppendCache
 from attnserve.server.manifest import Manifest, StateSpec
@@ -111,6 +112,8 @@ class Batch:
         self.positions = np.zeros(b, dtype=np.int64)  # (B,) position of each row's next input token
         # (B,) most new tokens per row from the encoder's length hint (manifest encoder.length_hint), or None.
         self.length_budget: np.ndarray | None = None
+        # Joint CTC/attention decoding (manifest encoder.ctc): each row's CTC prefix scores, or None.
+        self._ctc: CTCPrefixScorer | None = None
 
     @classmethod
     def build(cls, manifest: Manifest, runtime: Runtime, inputs: EncoderBatch) -> Batch:
@@ -140,6 +143,10 @@ class Batch:
         if hint is not None:
             estimate = np.asarray(tensors[hint.output], dtype=np.float64).reshape(-1)
             batch.length_budget = np.ceil(hint.scale * estimate).astype(np.int64) + hint.offset
+        ctc = manifest.encoder.ctc
+        if ctc is not None and ctc.weight > 0:
+            batch._ctc = CTCPrefixScorer(tensors[ctc.log_probs], tensors[ctc.lengths], ctc.blank_id,
+                                         manifest.special_tokens.eos)
         return batch
 
     def __len__(self) -> int:
@@ -168,6 +175,8 @@ class Batch:
                 feeds[d.self_attention_mask] = self_mask  # (B, C + 1): spare slots hidden, this step's token last
         elif d.self_attention_mask is not None:
             feeds[d.self_attention_mask] = np.ones((b, 1), dtype=np.int64)
+        if self._ctc is not None:  # the tokens chosen last step extend the CTC prefixes (not the start token)
+            self._ctc.advance(input_ids, np.flatnonzero(self.positions > 0))
         out = self._runtime.decode_step(feeds)
         for spec in self._manifest.state:
             if spec.update == "replace":
@@ -176,9 +185,22 @@ class Batch:
             self._cache.append(out)
         self.positions = self.positions + 1
         logits = out[d.logits]  # (B, V)
+        if self._ctc is not None:
+            logits = self._joint_scores(logits)
         if self._manifest.special_tokens.suppress:
             logits[:, list(self._manifest.special_tokens.suppress)] = -np.inf  # tokens never to emit
         return StepOutput(logits, out[self._manifest.attention.output])
+
+    def _joint_scores(self, logits: np.ndarray) -> np.ndarray:
+        """(B, V) logits -> (1 - w) log p_decoder + w x CTC prefix score of each extension (Watanabe et al.
+        2017); strategies normalise them like any logits. A row whose every extension the CTC head rules out
+        (more characters than its frames can hold) keeps its decoder scores."""
+        w = self._manifest.encoder.ctc.weight
+        ctc = self._ctc.score()  # (B, V)
+        joint = (1 - w) * log_softmax(logits) + w * ctc
+        stuck = ~np.isfinite(joint.max(axis=-1))
+        joint[stuck] = logits[stuck]
+        return joint.astype(np.float32, copy=False)
 
     def select(self, rows: np.ndarray) -> None:
         """Keeps the given rows, in the given order; a row may appear more than once (beam search).
@@ -199,6 +221,8 @@ class Batch:
                 self._state[spec.input] = np.take(self._state[spec.input], rows, axis=spec.batch_axis)
         if self._cache is not None:
             self._cache = self._cache.select(rows)  # also drops slots no remaining row attends
+        if self._ctc is not None:
+            self._ctc.select(rows)
         self.source_lengths = self.source_lengths[rows]
         self.positions = self.positions[rows]
         self._trim_source()
@@ -230,6 +254,8 @@ class Batch:
                 self._state[spec.input] = np.concatenate(tensors, axis=spec.batch_axis)
         if self._cache is not None:
             self._cache = AppendCache.concatenate([b._cache for b in parts])
+        if self._ctc is not None:
+            self._ctc = CTCPrefixScorer.concatenate([b._ctc for b in parts])
         self.positions = np.concatenate([b.positions for b in parts])
         self.source_lengths = np.concatenate([b.source_lengths for b in parts])
 
@@ -238,6 +264,8 @@ class Batch:
         rows = np.asarray(rows, dtype=np.intp)
         other = copy.copy(self)  # select() gives each side its own tensors and cache
         other._static, other._state = dict(self._static), dict(self._state)
+        if self._ctc is not None:  # select() gathers in place: each side needs its own scorer
+            other._ctc = copy.copy(self._ctc)
         other.select(rows)
         self.select(np.setdiff1d(np.arange(len(self)), rows))
         return other

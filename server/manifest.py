@@ -71,12 +71,25 @@ class LengthHint:
 
 
 @dataclasses.dataclass(frozen=True)
+class CTCScoring:
+    """Encoder outputs of a CTC head, for joint CTC/attention decoding (server/ctc_prefix.py): every
+    candidate token is ranked by (1 - weight) x its decoder log-probability + weight x its CTC prefix score."""
+
+    log_probs: str  # encoder output (B, T', V) float32: CTC log-probabilities over the decoder's vocabulary
+    lengths: str  # encoder output (B,) int64: real CTC frames per row
+    blank_id: int = 0
+    weight: float = 0.3
+
+
+@dataclasses.dataclass(frozen=True)
 class EncoderSpec:
     file: str
     # Role of each encoder input (as the model's input kind names them, e.g. "input_ids") -> graph input name.
     inputs: Mapping[str, str]
     # Optional output-length estimate that bounds each row's new tokens (docs/model-contract.md).
     length_hint: LengthHint | None = None
+    # Optional CTC head that scores every step's candidates beside the decoder (docs/model-contract.md).
+    ctc: CTCScoring | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,8 +367,15 @@ def _encoder(r: FieldReader, spec: InputSpec) -> EncoderSpec:
         h = r.obj("length_hint")
         hint = LengthHint(h.string("output"), h.number("scale", positive=True, default=1.0),
                           h.integer("offset", 0, default=0))
+    ctc = None
+    if "ctc" in r.data:
+        c = r.obj("ctc")
+        weight = c.number("weight", default=CTCScoring.weight)
+        if weight > 1:
+            c.fail_field("weight", f"must be in [0, 1], got {weight}")
+        ctc = CTCScoring(c.string("log_probs"), c.string("lengths"), c.integer("blank_id", 0, default=0), weight)
     return EncoderSpec(file=r.string("file"), inputs=types.MappingProxyType({k: inputs.string(k) for k in roles}),
-                       length_hint=hint)
+                       length_hint=hint, ctc=ctc)
 
 
 def _decoder(r: FieldReader) -> DecoderSpec:

@@ -170,6 +170,9 @@ def _check_encoder(m: Manifest, encoder: GraphSignature) -> None:
         _check_fixed_dims(encoder, name, contract.shape, skip=set())
     if m.encoder.length_hint is not None:
         _expect(encoder, "output", m.encoder.length_hint.output, ("int64",), 1, "encoder.length_hint.output")
+    if m.encoder.ctc is not None:
+        _expect(encoder, "output", m.encoder.ctc.log_probs, ("float32",), 3, "encoder.ctc.log_probs")
+        _expect(encoder, "output", m.encoder.ctc.lengths, ("int64",), 1, "encoder.ctc.lengths")
     for s in m.static:
         if s.source not in encoder.inputs and s.source not in encoder.outputs:
             raise ValueError(f"{encoder.path}: static 'from' {s.source!r} is neither an input nor an output")

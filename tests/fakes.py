@@ -246,6 +246,22 @@ def held(engine, gate: generation.GenerationRequest):
     assert len(future.result(WAIT).tokens) == 1
 
 
+def generate_together(repo, name: str, mode: str, requests) -> list:
+    """Results of `requests` decoded as one batch by a fresh engine for model `name` of `repo` (batching
+    `mode`), asserting that they did share one batch."""
+    from attnserve.server.engine import load_engine
+    from attnserve.server.repository import find_models
+    from attnserve.server.runtime import RuntimeOptions
+
+    engine = load_engine(find_models(repo)[name], RuntimeOptions(), batching(mode, len(requests)))
+    try:
+        results = [f.result(WAIT) for f in submit_together(engine, requests)]
+    finally:
+        engine.close()
+    assert {r.timings.batch_size for r in results} == {len(requests)}
+    return results
+
+
 def submit_together(engine, requests, on_tokens=None) -> list[concurrent.futures.Future]:
     """Submits `requests` (with their token callbacks) so that they start together; returns their futures."""
     on_tokens = on_tokens or [None] * len(requests)

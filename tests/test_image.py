@@ -20,7 +20,6 @@ from attnserve.clients import cli, overlay
 from attnserve.clients.client import Client, image_request
 from attnserve.export.image.model import normalize
 from attnserve.server import app, preprocessing
-from attnserve.server.engine import load_engine
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionMatrix,
@@ -31,11 +30,9 @@ from attnserve.server.generation import (
     InputTooLargeError,
 )
 from attnserve.server.image import decode, resize
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
-from fakes import BATCHING_MODES, WAIT, batching, submit_together
+from fakes import BATCHING_MODES, WAIT, generate_together
 from tiny_image import NAME, captioner, encode, export_repo, pixels
 
 ATOL = 1e-5
@@ -190,13 +187,8 @@ def test_a_served_image_equals_the_offline_reference(served, model, i):
 def test_a_batch_of_images_equals_each_image_alone(served, repo, mode):
     engines = served[2]
     n = len(IMAGES)
-    together = load_engine(find_models(repo)[NAME], RuntimeOptions(), batching(mode, n))
     requests = [GenerationRequest(NAME, image=ImageInput(image_file(i)), attention=words()) for i in range(n)]
-    try:
-        batched = [f.result(WAIT) for f in submit_together(together, requests)]
-    finally:
-        together.close()
-    assert {r.timings.batch_size for r in batched} == {n}
+    batched = generate_together(repo, NAME, mode, requests)
     for request, result in zip(requests, batched):
         alone = engines[NAME].generate(request, WAIT)
         assert [t.id for t in result.tokens] == [t.id for t in alone.tokens]

@@ -35,7 +35,7 @@ from attnserve.server.timestamps import word_timings
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_SPEECH_NAME as NAME
-from fakes import BATCHING_MODES, WAIT, batching, held, submit_together, wav_bytes
+from fakes import BATCHING_MODES, WAIT, batching, generate_together, held, wav_bytes
 
 ATOL = 1e-5
 RATE = 16000
@@ -146,13 +146,8 @@ def test_raw_samples_equal_the_same_audio_as_a_wav_file(served):
 def test_a_batch_of_clips_equals_each_clip_alone(served, tiny_speech_repo, mode):
     _, _, engines = served
     n = len(CLIPS)
-    together = load_engine(find_models(tiny_speech_repo)[NAME], RuntimeOptions(), batching(mode, n))
     requests = [GenerationRequest(NAME, audio=AudioInput(wav=wav(i)), attention=_pieces()) for i in range(n)]
-    try:
-        batched = [f.result(WAIT) for f in submit_together(together, requests)]
-    finally:
-        together.close()
-    assert {r.timings.batch_size for r in batched} == {n}
+    batched = generate_together(tiny_speech_repo, NAME, mode, requests)
     for request, result in zip(requests, batched):
         alone = engines[NAME].generate(request, WAIT)
         assert [t.id for t in result.tokens] == [t.id for t in alone.tokens]

@@ -7,6 +7,7 @@ are skipped, with the package to install, where a tool is missing.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import wave
 from dataclasses import replace
@@ -383,3 +384,25 @@ def test_build_writes_every_split_and_replaces_a_previous_build(tmp_path):
         for row in rows_:
             assert (out / row["path"]).exists()
 
+
+
+def test_an_utterance_that_crashes_the_engine_is_dropped_and_the_rest_of_its_chunk_kept(tmp_path, monkeypatch):
+    _skip_without((engines.Espeak(), ["en-us"]))
+    real = engines.Espeak._synthesize_here
+
+    def dies_on_one(self, request):
+        if "crash" in request.spoken:
+            os._exit(11)  # the forked child dies, as espeak-ng does on a rare voice and sentence
+        return real(self, request)
+
+    monkeypatch.setattr(engines.Espeak, "_synthesize_here", dies_on_one)
+    said = ["The first one is fine.", "This one will crash.", "The last one is fine too."]
+    chunk = [
+        plan.Utterance(f"train_{i:06d}", "train", Sentence(s, text.normalise(s), "hsk/level3", "train"),
+                       voices.Voice("espeak-ng", "en-us"), {}, augment.NONE, seed=i)
+        for i, s in enumerate(said)
+    ]
+    result = render.render_chunk((str(tmp_path), chunk))
+    assert result.crashed == ["train_000001"]
+    assert [r["id"] for r in result.rows] == ["train_000000", "train_000002"]
+    assert not (tmp_path / chunk[1].path).exists() and (tmp_path / chunk[2].path).exists()

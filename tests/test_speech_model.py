@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from attnserve.export.speech import vocabulary
-from attnserve.export.speech.export import PARITY_CASES, export_model, parity, served_length_limit
+from attnserve.export.speech.export import CTC_WEIGHT, PARITY_CASES, export_model, parity, served_length_limit
 from attnserve.export.speech.feature_cache import FEATURES, load_split, wav_features
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig, pad_features
 from attnserve.export.speech.specaugment import AugmentOptions, SpecAugment, warp_mel
@@ -89,7 +89,23 @@ def test_teacher_forced_logits_equal_the_step_by_step_decoder(model):
     torch.testing.assert_close(teacher_forced, torch.stack(steps, 1), atol=1e-6, rtol=0)
 
 
-def test_a_padded_batch_equals_each_clip_alone(model):
+@pytest.fixture(scope="module")
+def stacked() -> ListenAttendSpell:
+    """Frames stacked 4 at a time, 2 BiLSTMs at 25 steps/s (the CTC layer), one pyramid layer: 8x as well."""
+    torch.manual_seed(1)
+    return ListenAttendSpell(tiny_config(stack_frames=4, bottom_layers=2, pyramid_layers=1, ctc_layer=0)).eval()
+
+
+def test_stacked_frames_reduce_time_as_the_pyramid_does(stacked):
+    assert (stacked.cfg.time_reduction, stacked.cfg.ctc_reduction) == (8, 4)
+    features, mask = pad_features([frames(83)], 8)
+    _, ctc, ctc_lengths = stacked(features, mask, torch.tensor([[vocabulary.START_ID]]))
+    assert ctc.shape == (1, 88 // 4, stacked.cfg.vocab_size) and ctc_lengths.tolist() == [-(-83 // 4)]
+
+
+@pytest.mark.parametrize("which", ["model", "stacked"])
+def test_a_padded_batch_equals_each_clip_alone(which, request):
+    model = request.getfixturevalue(which)
     clips = [frames(37), frames(101), frames(8), frames(64)]  # 64 = a multiple of the 8x reduction
     features, mask = pad_features(clips, model.cfg.time_reduction)
     with torch.no_grad():
@@ -123,8 +139,16 @@ def test_onnx_equals_pytorch_at_lengths_and_batch_sizes_unlike_the_export_exampl
     # The example is 2 rows of 48 frames; the cases are batches of 1, 3 and 4 with 9 to 611 frames.
     assert all(batch != 2 for batch, _ in PARITY_CASES)
     worst = parity(model, repo / NAME / "1", steps=3)
-    assert set(worst) >= {"encoder_hidden_states", "logits", "present_state.context", "cross_attentions"}
+    assert set(worst) >= {"encoder_hidden_states", "logits", "present_state.context", "cross_attentions",
+                          "ctc_log_probs", "ctc_lengths"}
     assert max(worst.values()) < ATOL, worst
+
+
+def test_a_stacked_listener_exports_with_onnx_equal_to_pytorch(stacked, tmp_path):
+    folder = export_model(stacked, vocabulary.character_tokenizer(), tmp_path / NAME / "1", NAME)
+    worst = parity(stacked, folder, steps=3)
+    assert max(worst.values()) < ATOL, worst
+    assert load_manifest(folder / "manifest.json").input.time_reduction == 8
 
 
 def test_batch_frame_and_source_axes_stay_symbolic(repo):
@@ -170,7 +194,7 @@ def test_served_transcripts_equal_the_pytorch_greedy_decode(model, repo, mode):
         with torch.no_grad():
             ctc_length = int(model.encode_with_length(features, mask)[-1][0])
         limit = served_length_limit(ctc_length, MAX_NEW)  # the served row stops there too
-        tokens, attention = model.greedy_decode(features, mask, limit, vocabulary.suppressed_ids())
+        tokens, attention = model.greedy_decode(features, mask, limit, vocabulary.suppressed_ids(), CTC_WEIGHT)
         assert [t.id for t in result.tokens] == tokens[0] and len(tokens[0]) > 1
         assert result.text == tokenizer.decode(tokens[0])
         np.testing.assert_allclose(result.attention.weights, attention[0].numpy(), atol=ATOL)

@@ -63,10 +63,21 @@ class TinyListenAttendSpell(nn.Module):
     def __init__(self, vocab: int):
         super().__init__()
         self.listener, self.speller = Listener(), Speller(vocab)
+        # A CTC head over the listener states (blank = id 0), exported only with export(..., ctc=True).
+        self.ctc = nn.Linear(D, vocab)
+
+    def ctc_log_probs(self, memory, reduced):
+        """(B, S, V) CTC log-probabilities and (B,) real positions."""
+        return torch.log_softmax(self.ctc(memory), -1), reduced.sum(1)
 
     @torch.no_grad()
-    def greedy_decode(self, features: torch.Tensor, start: int, eos: int, max_new: int):
-        """The offline reference for one clip's (T, M) frames: token ids and (n, S) attention."""
+    def greedy_decode(self, features: torch.Tensor, start: int, eos: int, max_new: int, ctc_weight: float = 0.0):
+        """The offline reference for one clip's (T, M) frames: token ids and (n, S) attention.
+
+        With a ctc_weight, each step ranks tokens by (1 - w) log p_decoder + w x their CTC prefix score
+        (joint CTC/attention decoding, the scorer the server uses: server/ctc_prefix.py)."""
+        from attnserve.server.ctc_prefix import CTCPrefixScorer
+
         t = features.shape[0]
         padded = torch.zeros(1, -(-t // REDUCTION) * REDUCTION, N_MELS)
         padded[0, :t] = features
@@ -74,10 +85,16 @@ class TinyListenAttendSpell(nn.Module):
         mask[0, :t] = 1
         memory, reduced = self.listener(padded, mask)
         h, c = self.speller.initial_state(memory, reduced)
+        scorer = CTCPrefixScorer(*(x.numpy() for x in self.ctc_log_probs(memory, reduced)), 0, eos)
         context, token, tokens, weights = torch.zeros(1, D), torch.tensor([start]), [], []
         for _ in range(max_new):
             logits, h, c, context, attention = self.speller.step(token, reduced, memory, h, c, context)
-            token = logits.argmax(-1)
+            if ctc_weight:
+                joint = (1 - ctc_weight) * logits.log_softmax(-1).numpy() + ctc_weight * scorer.score()
+                token = torch.from_numpy(joint.argmax(-1))
+                scorer.advance(token.numpy())
+            else:
+                token = logits.argmax(-1)
             weights.append(attention[0])
             if int(token) == eos:
                 break
@@ -86,13 +103,14 @@ class TinyListenAttendSpell(nn.Module):
 
 
 class _Encoder(nn.Module):
-    def __init__(self, model):
+    def __init__(self, model, ctc: bool):
         super().__init__()
-        self.model = model
+        self.model, self.with_ctc = model, ctc
 
     def forward(self, input_features, attention_mask):
         memory, reduced = self.model.listener(input_features, attention_mask)
-        return (memory, reduced, *self.model.speller.initial_state(memory, reduced))
+        ctc = self.model.ctc_log_probs(memory, reduced) if self.with_ctc else ()
+        return (memory, reduced, *self.model.speller.initial_state(memory, reduced), *ctc)
 
 
 class _DecoderStep(nn.Module):
@@ -107,19 +125,22 @@ class _DecoderStep(nn.Module):
         return logits, h, c, context, attention[:, None, None, :]  # (B, 1 layer, 1 head, S)
 
 
-def export(model: TinyListenAttendSpell, folder: pathlib.Path) -> None:
-    """Writes encoder.onnx and decoder.onnx with batch, frame and source axes dynamic."""
+def export(model: TinyListenAttendSpell, folder: pathlib.Path, ctc: bool = False) -> None:
+    """Writes encoder.onnx and decoder.onnx with batch, frame and source axes dynamic; with `ctc`, the
+    encoder also outputs ctc_log_probs (B, S, V) and ctc_lengths (B,)."""
     folder.mkdir(parents=True, exist_ok=True)
     features, mask = torch.randn(2, 12, N_MELS), torch.ones(2, 12, dtype=torch.int64)
     mask[1, 9:] = 0
+    ctc_outputs = {"ctc_log_probs": {0: "batch", 1: "source"}, "ctc_lengths": {0: "batch"}} if ctc else {}
     torch.onnx.export(
-        _Encoder(model).eval(), (features, mask), str(folder / "encoder.onnx"),
+        _Encoder(model, ctc).eval(), (features, mask), str(folder / "encoder.onnx"),
         input_names=["input_features", "attention_mask"],
-        output_names=["encoder_hidden_states", "encoder_attention_mask", "initial_state.hidden", "initial_state.cell"],
+        output_names=["encoder_hidden_states", "encoder_attention_mask", "initial_state.hidden", "initial_state.cell",
+                      *ctc_outputs],
         dynamic_axes={"input_features": {0: "batch", 1: "frames"}, "attention_mask": {0: "batch", 1: "frames"},
                       "encoder_hidden_states": {0: "batch", 1: "source"},
                       "encoder_attention_mask": {0: "batch", 1: "source"},
-                      "initial_state.hidden": {0: "batch"}, "initial_state.cell": {0: "batch"}},
+                      "initial_state.hidden": {0: "batch"}, "initial_state.cell": {0: "batch"}, **ctc_outputs},
         opset_version=OPSET, dynamo=False, external_data=False,
     )
     memory, reduced = torch.randn(2, 3, D), torch.tensor([[1, 1, 1], [1, 1, 0]])

@@ -41,11 +41,13 @@ STATE = [
 ]
 ENCODER_INPUTS = ["input_features", "attention_mask"]
 ENCODER_OUTPUTS = ["encoder_hidden_states", "encoder_keys", "encoder_attention_mask",
-                   "initial_state.hidden", "initial_state.cell", "ctc_length"]
+                   "initial_state.hidden", "initial_state.cell", "ctc_length", "ctc_log_probs", "ctc_lengths"]
 # A row stops after ceil(scale x its CTC best-path length) + offset characters. Chosen on the 238 dev clips
 # (seen voices) with the 1,926-step model, from scale 1.0-1.5 x offset 0-12: CER 81.1% without the hint,
 # 50.9% at (1.0, 3), 52.6% at (1.15, 3); higher scales let more of the speller's loops through.
 LENGTH_HINT = {"output": "ctc_length", "scale": 1.0, "offset": 3}
+# Joint CTC/attention decoding (server/ctc_prefix.py): the CTC head's share of every candidate's score.
+CTC_WEIGHT = 0.3
 
 
 def served_length_limit(ctc_length: int, max_new_tokens: int) -> int:
@@ -60,15 +62,15 @@ PARITY_CASES = [(1, [13]), (1, [333]), (3, [101, 64, 9]), (4, [611, 250, 57, 400
 
 
 class EncoderGraph(nn.Module):
-    """input_features, attention_mask -> listener states, keys, reduced mask, the speller's first h and c, and
-    the CTC best-path length."""
+    """input_features, attention_mask -> listener states, keys, reduced mask, the speller's first h and c, the
+    CTC best-path length, and the CTC head's log-probabilities with their lengths."""
 
     def __init__(self, model: ListenAttendSpell):
         super().__init__()
         self.model = model
 
     def forward(self, input_features, attention_mask):
-        return self.model.encode_with_length(input_features, attention_mask)
+        return self.model.encode_for_serving(input_features, attention_mask)
 
 
 class DecoderStepGraph(nn.Module):
@@ -106,14 +108,15 @@ def export_graphs(model: ListenAttendSpell, out_dir: pathlib.Path) -> None:
         EncoderGraph(model).eval(), encoder_example, str(out_dir / "encoder.onnx"),
         input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
         dynamic_axes={**{n: batch_frames for n in ENCODER_INPUTS}, **{n: batch_source for n in ENCODER_OUTPUTS[:3]},
-                      **{n: batch for n in ENCODER_OUTPUTS[3:]}},
+                      **{n: batch for n in ENCODER_OUTPUTS[3:]}, "ctc_log_probs": {0: "batch", 1: "ctc_frames"}},
         opset_version=OPSET, dynamo=False, external_data=False,
     )
     # Shape inference loses the widths behind the listener's row-reversing gathers; they are fixed.
     cfg = model.cfg
     _pin_last_dim(out_dir / "encoder.onnx", {"encoder_hidden_states": 2 * cfg.listener_hidden,
                                              "initial_state.hidden": cfg.speller_hidden,
-                                             "initial_state.cell": cfg.speller_hidden})
+                                             "initial_state.cell": cfg.speller_hidden,
+                                             "ctc_log_probs": cfg.vocab_size})
     torch.onnx.export(
         DecoderStepGraph(model).eval(), decoder_example, str(out_dir / "decoder.onnx"),
         input_names=DECODER_INPUTS, output_names=DECODER_OUTPUTS,
@@ -137,9 +140,10 @@ def _pin_last_dim(path: pathlib.Path, widths: dict[str, int]) -> None:
 
 
 def build_manifest(model: ListenAttendSpell, name: str, version: int, max_seconds: float = 20.0,
-                   max_new_tokens: int = 400, max_bytes: int = 16 * 2**20, description: str | None = None) -> dict:
+                   max_new_tokens: int = 400, max_bytes: int = 16 * 2**20, description: str | None = None,
+                   ctc_weight: float = CTC_WEIGHT) -> dict:
     """The audio manifest: listener states, keys and mask are static; h, c, context and the previous
-    attention are replaced state."""
+    attention are replaced state; the CTC head scores candidates beside the speller with `ctc_weight`."""
     cfg = model.cfg
     widths = [cfg.speller_hidden, cfg.speller_hidden, 2 * cfg.listener_hidden, "source"]
     state = [
@@ -173,7 +177,9 @@ def build_manifest(model: ListenAttendSpell, name: str, version: int, max_second
         },
         "limits": {"max_new_tokens": max_new_tokens},
         "attention": {"output": "cross_attentions", "layers": 1, "heads": 1, "default_layer": -1},
-        "encoder": {"file": "encoder.onnx", "inputs": {n: n for n in ENCODER_INPUTS}, "length_hint": LENGTH_HINT},
+        "encoder": {"file": "encoder.onnx", "inputs": {n: n for n in ENCODER_INPUTS}, "length_hint": LENGTH_HINT,
+                    "ctc": {"log_probs": "ctc_log_probs", "lengths": "ctc_lengths", "blank_id": vocabulary.BLANK_ID,
+                            "weight": ctc_weight}},
         "decoder": {"file": "decoder.onnx", "inputs": {"input_ids": "input_ids"}, "outputs": {"logits": "logits"}},
         "static": [{"from": n, "to": n, "batch_axis": 0, "source_axis": 1} for n in STATIC],
         "state": state,
@@ -214,9 +220,9 @@ def parity(model: ListenAttendSpell, model_dir: pathlib.Path, cases=PARITY_CASES
         features, mask = pad_features(clips, model.cfg.time_reduction)
         onnx_enc = encoder.run(None, {"input_features": features.numpy(), "attention_mask": mask.numpy()})
         with torch.no_grad():
-            torch_enc = model.encode_with_length(features, mask)  # memory, keys, reduced, h, c, ctc_length
+            torch_enc = model.encode_for_serving(features, mask)  # memory, keys, reduced, h, c, ctc_length, ...
         record(ENCODER_OUTPUTS, onnx_enc, torch_enc)
-        memory, keys, reduced, h, c, _ = torch_enc
+        memory, keys, reduced, h, c = torch_enc[:5]
         context, previous = model.initial_context(batch), torch.zeros(reduced.shape)
         onnx_state = [onnx_enc[3], onnx_enc[4], context.numpy(), previous.numpy()]
         for _ in range(steps):
@@ -239,11 +245,13 @@ def main() -> None:
     parser.add_argument("--name", default="speech-en")
     parser.add_argument("--max-seconds", type=float, default=20.0, help="longest clip the server accepts")
     parser.add_argument("--max-new-tokens", type=int, default=400, help="longest transcript, in characters")
+    parser.add_argument("--ctc-weight", type=float, default=CTC_WEIGHT,
+                        help="the CTC head's share of each candidate's score when served (0: attention alone)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     model, tokenizer, _ = load_model(args.checkpoint)
     export_model(model, tokenizer, args.out, args.name, max_seconds=args.max_seconds,
-                 max_new_tokens=args.max_new_tokens)
+                 max_new_tokens=args.max_new_tokens, ctc_weight=args.ctc_weight)
     worst = parity(model, args.out)
     print(json.dumps({"exported": str(args.out), "parity_cases": PARITY_CASES, "max_abs_diff": worst}, indent=2))
 

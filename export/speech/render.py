@@ -3,21 +3,23 @@
 ``render_chunk`` runs in a worker process. A chunk holds utterances of one engine, so each
 worker keeps one engine instance per kind and festival starts once per chunk; chunks of
 the engines with few voices (all but espeak-ng) hold one voice, so each voice is timed.
-It returns the manifest rows, the ids left out as too long, and the timings for the
-speed table in stats.json.
+It returns the manifest rows, the ids left out as too long or because the engine crashed
+on them (espeak-ng rarely segfaults on one voice and sentence; the rest of the chunk is
+kept), and the timings for the speed table in stats.json.
 """
 
 from __future__ import annotations
 
 import time
 import wave
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from . import augment, engines
 from .plan import Utterance
+from .synthesizer import SynthesisCrashed
 
 _engines: dict[str, engines.Engine] = {}  # one per engine kind, per worker process
 CHUNK_SIZE = 40
@@ -35,6 +37,7 @@ class ChunkResult:
     engine_audio_seconds: float = 0.0  # audio the engine produced (before augmentation)
     engine_seconds: float = 0.0  # wall time inside the engine
     total_seconds: float = 0.0  # wall time for the chunk (engine, sox, numpy, writing)
+    crashed: list[str] = field(default_factory=list)  # ids whose synthesis crashed the engine's child
 
 
 def chunks(plan: list[Utterance], size: int = CHUNK_SIZE) -> list[list[Utterance]]:
@@ -71,11 +74,23 @@ def render_chunk(job: tuple[str, list[Utterance]]) -> ChunkResult:
     start = time.perf_counter()
     engine = _engine(utterances[0].voice.engine)
     requests = [engines.Request(u.sentence.spoken, u.voice.name, u.settings) for u in utterances]
-    synths = engine.synthesize_many(requests)
+    crashed = []
+    try:
+        synths = engine.synthesize_many(requests)
+    except SynthesisCrashed:  # one at a time, to lose only what crashes
+        synths = []
+        for u, request in zip(utterances, requests):
+            try:
+                synths.append(engine.synthesize(request))
+            except SynthesisCrashed:
+                crashed.append(u.id)
+                synths.append(None)
     engine_seconds = time.perf_counter() - start
     result = ChunkResult([], [], engine.name, utterances[0].voice.name if engine.name in _PER_VOICE_ENGINES else None,
-                         engine_seconds=engine_seconds)
+                         engine_seconds=engine_seconds, crashed=crashed)
     for u, s in zip(utterances, synths):
+        if s is None:
+            continue
         seconds = len(s.samples) / s.sample_rate
         result.engine_audio_seconds += seconds
         audio = augment.apply(s.samples, s.sample_rate, u.augmentation, u.seed)

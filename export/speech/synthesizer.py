@@ -39,6 +39,11 @@ class Synthesis:
     inexact_words: int  # words whose time was split from a shared item or estimated
 
 
+class SynthesisCrashed(RuntimeError):
+    """The engine's library crashed (its forked child died) on one utterance: that utterance is lost, the
+    engine is not (the next child starts from the same prepared worker)."""
+
+
 class Engine:
     """Base class: a named synthesizer with a set of voices."""
 
@@ -104,7 +109,7 @@ def _in_child(fn, request: Request) -> Synthesis:
         payload = pipe.read()
     os.waitpid(pid, 0)
     if not payload:
-        raise RuntimeError(f"synthesis child died on {request.spoken!r}")
+        raise SynthesisCrashed(f"synthesis child died on {request.spoken!r} ({request.voice})")
     kind, value = pickle.loads(payload)
     if kind == "error":
         raise value

@@ -403,6 +403,14 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=TrainOptions.lr)
     parser.add_argument("--listener-hidden", type=int, default=ListenAttendSpellConfig.listener_hidden)
     parser.add_argument("--speller-hidden", type=int, default=ListenAttendSpellConfig.speller_hidden)
+    parser.add_argument("--stack-frames", type=int, default=ListenAttendSpellConfig.stack_frames,
+                        help="log-mel frames stacked side by side before the first BiLSTM")
+    parser.add_argument("--bottom-layers", type=int, default=ListenAttendSpellConfig.bottom_layers,
+                        help="BiLSTMs at the stacked frame rate, before the pyramid")
+    parser.add_argument("--pyramid-layers", type=int, default=ListenAttendSpellConfig.pyramid_layers)
+    parser.add_argument("--ctc-layer", type=int, default=ListenAttendSpellConfig.ctc_layer,
+                        help="pyramid layers below the CTC head")
+    parser.add_argument("--ctc-weight", type=float, default=TrainOptions.ctc_weight)
     args = parser.parse_args()
     if args.save_weights:
         save_weights(args.run / args.weights_of, args.save_weights, getattr(torch, args.weights_dtype))
@@ -417,8 +425,11 @@ def main() -> None:
     if torch.device(args.device).type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    cfg = ListenAttendSpellConfig(listener_hidden=args.listener_hidden, speller_hidden=args.speller_hidden)
-    opts = TrainOptions(batch_seconds=args.batch_seconds, max_batch=args.max_batch, lr=args.lr,
+    cfg = ListenAttendSpellConfig(
+        listener_hidden=args.listener_hidden, speller_hidden=args.speller_hidden, stack_frames=args.stack_frames,
+        bottom_layers=args.bottom_layers, pyramid_layers=args.pyramid_layers, ctc_layer=args.ctc_layer,
+    )
+    opts = TrainOptions(batch_seconds=args.batch_seconds, max_batch=args.max_batch, lr=args.lr, ctc_weight=args.ctc_weight,
                         checkpoint_minutes=args.checkpoint_minutes, dev_clips=args.dev_clips, device=args.device)
     train(args.corpus, args.run, args.minutes, cfg, opts, args.features, args.init_weights, args.fresh_optimizer)
 
