@@ -12,6 +12,7 @@ import shutil
 import wave
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from attnserve.export.speech import augment, build, engines, manifest, plan, render, text, voices, word_times
@@ -403,6 +404,17 @@ def test_an_utterance_that_crashes_the_engine_is_dropped_and_the_rest_of_its_chu
         for i, s in enumerate(said)
     ]
     result = render.render_chunk((str(tmp_path), chunk))
-    assert result.crashed == ["train_000001"]
+    assert result.failed == ["train_000001"]
     assert [r["id"] for r in result.rows] == ["train_000000", "train_000002"]
     assert not (tmp_path / chunk[1].path).exists() and (tmp_path / chunk[2].path).exists()
+
+
+def test_a_slowed_8_khz_voice_takes_the_telephone_band(tmp_path):
+    """flite's 8 kHz kal slowed down has no 3400 Hz left: the band filter runs after resampling to 16 kHz."""
+    if not shutil.which("sox"):
+        pytest.skip("not installed: sox -> apt-get install sox")
+    t = np.arange(8000) / 8000
+    samples = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
+    aug = augment.Augmentation(speed=0.915, pitch=-245, telephone=True)
+    out = augment.apply(samples, 8000, aug, seed=0)
+    assert len(out) == pytest.approx(16000 / 0.915, rel=0.02) and np.abs(out).max() > 0

@@ -72,9 +72,10 @@ class Augmentation:
             effects += ["tempo", "-s", f"{self.tempo:.4f}"]
         if self.reverb:
             effects += ["reverb", str(self.reverb), "50", str(self.room)]
-        if self.telephone:
+        effects += ["rate", "-h", str(SAMPLE_RATE)]
+        if self.telephone:  # after resampling: an 8 kHz voice slowed down has no 3400 Hz left to keep
             effects += ["sinc", "300-3400"]
-        return effects + ["rate", "-h", str(SAMPLE_RATE)]
+        return effects
 
     def word_times(self, words: list[tuple[float, float]], duration: float) -> list[tuple[float, float]]:
         """Move engine word times to the augmented audio, clipped to ``duration``."""

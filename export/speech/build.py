@@ -141,7 +141,7 @@ def summarise(plan: list[Utterance], results: list[render.ChunkResult], rows: di
             "augmented": sum(1 for x in r if set(x["augmentation"]) - {"peak_db"}),
         }
     return {"splits": splits, "too_long_dropped": sorted(i for res in results for i in res.too_long),
-            "crashed_dropped": sorted(i for res in results for i in res.crashed), "speed": speeds(results)}
+            "failed_dropped": sorted(i for res in results for i in res.failed), "speed": speeds(results)}
 
 
 def speeds(results: list[render.ChunkResult]) -> dict:

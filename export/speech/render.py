@@ -3,9 +3,9 @@
 ``render_chunk`` runs in a worker process. A chunk holds utterances of one engine, so each
 worker keeps one engine instance per kind and festival starts once per chunk; chunks of
 the engines with few voices (all but espeak-ng) hold one voice, so each voice is timed.
-It returns the manifest rows, the ids left out as too long or because the engine crashed
-on them (espeak-ng rarely segfaults on one voice and sentence; the rest of the chunk is
-kept), and the timings for the speed table in stats.json.
+It returns the manifest rows, the ids left out as too long or because their synthesis or
+augmentation failed (espeak-ng rarely segfaults on one voice and sentence; the rest of the
+chunk is kept, and stats.json lists what was lost), and the timings for the speed table.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class ChunkResult:
     engine_audio_seconds: float = 0.0  # audio the engine produced (before augmentation)
     engine_seconds: float = 0.0  # wall time inside the engine
     total_seconds: float = 0.0  # wall time for the chunk (engine, sox, numpy, writing)
-    crashed: list[str] = field(default_factory=list)  # ids whose synthesis crashed the engine's child
+    failed: list[str] = field(default_factory=list)  # ids whose synthesis crashed or whose sox effects failed
 
 
 def chunks(plan: list[Utterance], size: int = CHUNK_SIZE) -> list[list[Utterance]]:
@@ -74,7 +74,7 @@ def render_chunk(job: tuple[str, list[Utterance]]) -> ChunkResult:
     start = time.perf_counter()
     engine = _engine(utterances[0].voice.engine)
     requests = [engines.Request(u.sentence.spoken, u.voice.name, u.settings) for u in utterances]
-    crashed = []
+    failed = []
     try:
         synths = engine.synthesize_many(requests)
     except SynthesisCrashed:  # one at a time, to lose only what crashes
@@ -83,17 +83,22 @@ def render_chunk(job: tuple[str, list[Utterance]]) -> ChunkResult:
             try:
                 synths.append(engine.synthesize(request))
             except SynthesisCrashed:
-                crashed.append(u.id)
+                failed.append(u.id)
                 synths.append(None)
     engine_seconds = time.perf_counter() - start
     result = ChunkResult([], [], engine.name, utterances[0].voice.name if engine.name in _PER_VOICE_ENGINES else None,
-                         engine_seconds=engine_seconds, crashed=crashed)
+                         engine_seconds=engine_seconds, failed=failed)
     for u, s in zip(utterances, synths):
         if s is None:
             continue
         seconds = len(s.samples) / s.sample_rate
         result.engine_audio_seconds += seconds
-        audio = augment.apply(s.samples, s.sample_rate, u.augmentation, u.seed)
+        try:
+            audio = augment.apply(s.samples, s.sample_rate, u.augmentation, u.seed)
+        except RuntimeError as error:
+            print(f"[speech] dropped {u.id}: {error}", flush=True)
+            result.failed.append(u.id)
+            continue
         duration = len(audio) / augment.SAMPLE_RATE
         if duration > augment.MAX_SECONDS:
             result.too_long.append(u.id)
