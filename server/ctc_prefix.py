@@ -45,12 +45,15 @@ class CTCPrefixScorer:
         if b and (self.lengths.min() < 1 or self.lengths.max() > t):
             raise ValueError(f"CTC lengths must be in 1..{t}, got {self.lengths.min()}..{self.lengths.max()}")
         self.blank_id, self.eos_id = blank_id, eos_id
+        # Frames past a row's length are impossible for every label: they add nothing to any sum.
+        x = np.where(np.arange(t)[None, :, None] < self.lengths[:, None, None], x, NEG_INF)
         self.x = x
         # The empty prefix: no label yet, so every alignment so far is blanks.
         self.r_n = np.full((b, t), NEG_INF, dtype=np.float32)  # (B, T)
         self.r_b = np.cumsum(x[:, :, blank_id], axis=1, dtype=np.float32)  # (B, T)
         self.prefix = np.zeros(b, dtype=np.float32)  # (B,) score of the prefix itself: log 1 for the empty one
         self.last = np.full(b, -1, dtype=np.int64)  # (B,) the prefix's last label; -1 when empty
+        self.count = np.zeros(b, dtype=np.int64)  # (B,) labels in the prefix
         self._pending: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -79,11 +82,11 @@ class CTCPrefixScorer:
         r_n[empty, 0] = x[empty, 0]  # an empty prefix's first label may start at frame 0
         psi = r_n[:, 0].copy()  # (B, V) log P(g + c is a prefix), summed over the frame c starts at
         blank = x[:, :, self.blank_id]  # (B, T)
-        for t in range(1, t_max):
+        # n labels cannot end before frame n - 1, so g + c cannot either: earlier frames stay -inf.
+        for t in range(max(1, int(self.count.min(initial=0))), t_max):
             r_n[:, t] = np.logaddexp(r_n[:, t - 1], phi[:, t - 1]) + x[:, t]
             r_b[:, t] = np.logaddexp(r_n[:, t - 1], r_b[:, t - 1]) + blank[:, t, None]
-            inside = (t < self.lengths)[:, None]  # frames past a row's length add nothing
-            psi = np.where(inside, np.logaddexp(psi, phi[:, t - 1] + x[:, t]), psi)
+            psi = np.logaddexp(psi, phi[:, t - 1] + x[:, t])  # x is -inf past the row's length
         end = self.lengths - 1
         psi[:, self.eos_id] = either[rows, end]  # g complete: every alignment of g over all frames
         psi[:, self.blank_id] = NEG_INF
@@ -108,6 +111,7 @@ class CTCPrefixScorer:
         self.r_b[rows, : r_b.shape[1]] = r_b[rows, :, chosen]
         self.prefix[rows] = psi[rows, chosen]
         self.last[rows] = chosen
+        self.count[rows] += 1
         self._pending = None
 
     def select(self, rows: np.ndarray) -> None:
@@ -116,7 +120,7 @@ class CTCPrefixScorer:
         rows = np.asarray(rows, dtype=np.intp)
         self.x, self.lengths = self.x[rows], self.lengths[rows]
         self.r_n, self.r_b = self.r_n[rows], self.r_b[rows]
-        self.prefix, self.last = self.prefix[rows], self.last[rows]
+        self.prefix, self.last, self.count = self.prefix[rows], self.last[rows], self.count[rows]
         if self._pending is not None:
             self._pending = tuple(a[rows] for a in self._pending)
 
@@ -137,12 +141,13 @@ class CTCPrefixScorer:
 
         out = cls.__new__(cls)
         out.blank_id, out.eos_id = first.blank_id, first.eos_id
-        out.x = joined([p.x for p in parts], 0.0)
+        out.x = joined([p.x for p in parts], NEG_INF)
         out.lengths = np.concatenate([p.lengths for p in parts])
         out.r_n = joined([p.r_n for p in parts], NEG_INF)
         out.r_b = joined([p.r_b for p in parts], NEG_INF)
         out.prefix = np.concatenate([p.prefix for p in parts])
         out.last = np.concatenate([p.last for p in parts])
+        out.count = np.concatenate([p.count for p in parts])
         out._pending = None
         if any(p._pending is not None for p in parts):
             v = first.x.shape[2]
