@@ -347,3 +347,24 @@ def test_served_word_times_are_compared_with_the_matching_reference_words():
     assert summary["words"] == 2 and summary["boundaries_within_100ms"] == pytest.approx(3 / 4)
     assert summary["start_median_s"] == pytest.approx(0.04) and timing_summary([]) == {"words": 0}
     assert voice_group({"engine": "espeak-ng", "voice": "en-gb-x-rp+f3"}) == "espeak-ng:en-gb-x-rp"
+
+
+def test_evaluation_decoding_variants_change_only_the_manifests_decoding_fields(repo, tmp_path):
+    from attnserve.export.speech.evaluate import decoding_variant
+
+    folder = repo / NAME / "1"
+    with decoding_variant(folder, None, True) as same:
+        assert same == folder
+    with decoding_variant(folder, 0.0, False) as variant:
+        original, changed = (load_manifest(f / "manifest.json") for f in (folder, variant))
+        assert changed.encoder.ctc.weight == 0.0 and original.encoder.ctc.weight == CTC_WEIGHT
+        assert changed.encoder.length_hint is None and original.encoder.length_hint is not None
+        assert (variant / "encoder.onnx").resolve() == (folder / "encoder.onnx").resolve()
+    assert not variant.exists()
+    plain = tmp_path / NAME / "1"
+    shutil.copytree(folder, plain)
+    data = json.loads((plain / "manifest.json").read_text())
+    del data["encoder"]["ctc"]
+    (plain / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="has no CTC head"), decoding_variant(plain, 0.3, True):
+        pass

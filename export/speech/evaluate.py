@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import difflib
 import json
 import pathlib
+import tempfile
 import time
 
 import numpy as np
@@ -44,6 +46,30 @@ def open_engine(model_dir: pathlib.Path, max_batch: int = 16):
     if models[name].path.resolve() != model_dir.resolve():
         raise ValueError(f"{model_dir} is not the newest version of {name}; the server would serve {models[name].path}")
     return load_engine(models[name], batching=BatchingOptions(max_batch_size=max_batch, window_seconds=0.05))
+
+
+@contextlib.contextmanager
+def decoding_variant(model_dir: pathlib.Path, ctc_weight: float | None, length_hint: bool):
+    """The version folder as given, or a temporary copy (graphs linked, not copied) whose manifest sets the
+    CTC weight of joint decoding and drops the length hint: decoding choices measured on one exported model."""
+    if ctc_weight is None and length_hint:
+        yield model_dir
+        return
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    if ctc_weight is not None:
+        if "ctc" not in manifest["encoder"]:
+            raise ValueError(f"{model_dir}: the model has no CTC head for joint decoding (manifest encoder.ctc)")
+        manifest["encoder"]["ctc"]["weight"] = ctc_weight
+    if not length_hint:
+        manifest["encoder"].pop("length_hint", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = pathlib.Path(tmp) / model_dir.parent.name / model_dir.name
+        copy.mkdir(parents=True)
+        for f in model_dir.iterdir():
+            if f.name != "manifest.json":
+                (copy / f.name).symlink_to(f.resolve())
+        (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        yield copy
 
 
 def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, attention: bool) -> list:
@@ -148,13 +174,20 @@ def main() -> None:
     parser.add_argument("--beam-size", type=int, default=1)
     parser.add_argument("--limit", type=int, help="score only the first N clips of each split (a quick look)")
     parser.add_argument("--out", type=pathlib.Path, help="write the scores here as JSON")
+    parser.add_argument("--ctc-weight", type=float,
+                        help="decode with this CTC weight instead of the manifest's (0: the speller alone)")
+    parser.add_argument("--no-length-hint", action="store_true", help="decode without the manifest's length hint")
     args = parser.parse_args()
-    engine = open_engine(args.model_dir)
-    try:
-        scores = {"model": str(args.model_dir), "beam_size": args.beam_size,
-                  "splits": {s: score_split(engine, args.corpus, s, args.beam_size, args.limit) for s in args.splits}}
-    finally:
-        engine.close()
+    with decoding_variant(args.model_dir, args.ctc_weight, not args.no_length_hint) as model_dir:
+        engine = open_engine(model_dir)
+        manifest = engine.manifest
+        try:
+            scores = {"model": str(args.model_dir), "beam_size": args.beam_size,
+                      "ctc_weight": manifest.encoder.ctc.weight if manifest.encoder.ctc else 0.0,
+                      "length_hint": manifest.encoder.length_hint is not None,
+                      "splits": {s: score_split(engine, args.corpus, s, args.beam_size, args.limit) for s in args.splits}}
+        finally:
+            engine.close()
     text = json.dumps(scores, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
