@@ -45,6 +45,20 @@ def score_lines(scores: dict) -> list[str]:
     return lines
 
 
+def comparison_lines(scores: dict, previous: dict | None) -> list[str]:
+    """The previous version's scores beside these, split by split (each on its own corpus build's test clips)."""
+    if previous is None:
+        return []
+    lines = ["", f"Against the previous version ({previous['model']}, beam {previous['beam_size']}, scored on its own"
+             " corpus build's test clips: the same voices and the same held-out rule, other sentences):", "",
+             "| split | CER before | CER now | WER before | WER now |", "|---|---|---|---|---|"]
+    for name, s in scores["splits"].items():
+        if name in previous["splits"]:
+            p = previous["splits"][name]
+            lines.append(f"| {name} | {p['cer']:.1%} | {s['cer']:.1%} | {p['wer']:.1%} | {s['wer']:.1%} |")
+    return lines
+
+
 def example_lines(scores: dict) -> list[str]:
     lines = ["| split | voice | reference | model, with each word's served time span (s) |", "|---|---|---|---|"]
     for name, s in scores["splits"].items():
@@ -58,8 +72,12 @@ def example_lines(scores: dict) -> list[str]:
 UNDERTRAINED_CER = 0.5
 
 
-def status_lines(scores: dict, state: dict) -> list[str]:
-    """A warning section when the model mishears most of what it is given; none otherwise."""
+def status_lines(scores: dict, state: dict, joint: bool = False) -> list[str]:
+    """A warning section when the model mishears most of what it is given; none otherwise.
+
+    Args:
+        joint: the manifest decodes with the CTC head (encoder.ctc), which keeps the speller out of loops.
+    """
     worst = max(s["cer"] for s in scores["splits"].values())
     if worst <= UNDERTRAINED_CER:
         return []
@@ -68,10 +86,15 @@ def status_lines(scores: dict, state: dict) -> list[str]:
     aligned = (f" Its attention aligns: the words it gets right are timed with a median start error of"
                f" {medians[0]:.0f}-{medians[-1]:.0f} ms.") if medians else ""
     wer = max(s["wer"] for s in scores["splits"].values())
-    loops = (f"(CER up to {worst:.0%}) and loops on clips longer than a few seconds, whose insertions push WER"
-             " past 100%" if wer > 1 else
-             f"(CER up to {worst:.0%}, WER up to {wer:.0%}); on clips longer than a few seconds it tends to loop,"
-             " and the length hint (below) cuts those loops short")
+    if joint:
+        loops = (f"(CER up to {worst:.0%}, WER up to {wer:.0%}): most words come out misspelt, though joint"
+                 " CTC/attention decoding (below) keeps the speller from looping")
+    elif wer > 1:
+        loops = (f"(CER up to {worst:.0%}) and loops on clips longer than a few seconds, whose insertions push WER"
+                 " past 100%")
+    else:
+        loops = (f"(CER up to {worst:.0%}, WER up to {wer:.0%}); on clips longer than a few seconds it tends to"
+                 " loop, and the length hint (below) cuts those loops short")
     return [
         "## Status: undertrained",
         "",
@@ -117,8 +140,11 @@ def listener_lines(cfg: dict, reduction: int) -> str:
             f" ({reduction}x: one attention column per {10 * reduction} ms).")
 
 
-def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path) -> str:
+def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path, previous: dict | None = None,
+           ctc_loss_weight: float | None = None) -> str:
+    """The card's text. `ctc_loss_weight`: the training loss's CTC share, for checkpoints that do not record it."""
     cfg, state = checkpoint["config"], checkpoint["state"]
+    ctc_share = ctc_loss_weight if ctc_loss_weight is not None else state.get("ctc_weight", 0.3)
     params = sum(v.numel() for k, v in checkpoint["model"].items())
     manifest = json.loads((model_dir / "manifest.json").read_text())
     best, last = min(state["history"], key=lambda h: h["cer"]), state["history"][-1]
@@ -133,7 +159,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path)
         f"over {10 * reduction} ms time spans, from which the server times every word.",
         "Trained from scratch here, on 2 CPU cores, on synthesized speech only: expect it to fail on real voices.",
         "",
-        *status_lines(scores, state),
+        *status_lines(scores, state, joint=bool(manifest["encoder"].get("ctc", {}).get("weight"))),
         "## Model",
         listener_lines(cfg, reduction),
         f"  Speller: one LSTM cell of {cfg['speller_hidden']} units with location-aware"
@@ -148,7 +174,8 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path)
         f"- {state['step']:,} steps, {state['epoch']} epochs + {state['batch_in_epoch']:,} batches,"
         f" {state['audio_seconds'] / 3600:.1f} h of audio seen in {state['seconds'] / 60:.0f} minutes of compute"
         f" ({state['audio_seconds'] / max(state['seconds'], 1):.0f} audio-s/s on 2 shared CPU cores).",
-        f"- Joint CTC-attention loss (0.3 CTC on the {r_ctc}x layer + 0.7 cross-entropy, label smoothing 0.1), Adam,"
+        f"- Joint CTC-attention loss ({ctc_share:g} CTC on the {r_ctc}x layer + {1 - ctc_share:g} cross-entropy,"
+        " label smoothing 0.1), Adam,"
         " warm-up then inverse-square-root decay, mel warp 0.85-1.18 and SpecAugment masks, padded length-sorted"
         f" batches. Seen-voice dev CER (greedy): best {best['cer']:.1%} at step {best['step']:,}, {last['cer']:.1%} at"
         f" step {last['step']:,} (attention loss {last['attention_loss']:.3f}, CTC CER {last['ctc_cer']:.1%})."
@@ -160,9 +187,10 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path)
         "",
         *data_lines(stats),
         "",
-        f"## Scores (served, beam {scores['beam_size']})",
+        f"## Scores (served, beam {scores['beam_size']}, CTC weight {scores.get('ctc_weight', 0):g})",
         "",
         *score_lines(scores),
+        *comparison_lines(scores, previous),
         "",
         "Word timing: the server's word timestamps (the monotonic path through each clip's attention,",
         "server/timestamps.py) against the synthesizer's own word times, for every served word that matches a",
@@ -185,9 +213,14 @@ def main() -> None:
     parser.add_argument("--scores", type=pathlib.Path, required=True, help="output of attnserve.export.speech.evaluate")
     parser.add_argument("--corpus-stats", type=pathlib.Path, default=pathlib.Path("data/speech/stats.json"))
     parser.add_argument("--model-dir", type=pathlib.Path, required=True, help="the exported version folder")
+    parser.add_argument("--previous-scores", type=pathlib.Path, help="the previous version's scores, shown beside")
+    parser.add_argument("--ctc-loss-weight", type=float,
+                        help="the training loss's CTC share, for a checkpoint that does not record it (default 0.3)")
     args = parser.parse_args()
     checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
-    card = render(checkpoint, json.loads(args.scores.read_text()), json.loads(args.corpus_stats.read_text()), args.model_dir)
+    previous = json.loads(args.previous_scores.read_text()) if args.previous_scores else None
+    card = render(checkpoint, json.loads(args.scores.read_text()), json.loads(args.corpus_stats.read_text()),
+                  args.model_dir, previous, args.ctc_loss_weight)
     out = args.model_dir.parent / "README.md"
     out.write_text(card)
     print(f"wrote {out}")

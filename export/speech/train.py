@@ -307,6 +307,7 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ListenAt
     else:
         model.set_feature_scale(feature_scale(model, train_split, opts.scale_clips, opts.seed))
     state["data"] = data_id(train_split)
+    state["ctc_weight"] = opts.ctc_weight  # the loss's mix, for the model card
     model.to(opts.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=opts.lr)
     if ckpt is not None and "optimizer" in ckpt and not fresh_optimizer:
