@@ -141,9 +141,10 @@ def _pin_last_dim(path: pathlib.Path, widths: dict[str, int]) -> None:
 
 def build_manifest(model: ListenAttendSpell, name: str, version: int, max_seconds: float = 20.0,
                    max_new_tokens: int = 400, max_bytes: int = 16 * 2**20, description: str | None = None,
-                   ctc_weight: float = CTC_WEIGHT) -> dict:
+                   ctc_weight: float = CTC_WEIGHT, length_hint: bool = True) -> dict:
     """The audio manifest: listener states, keys and mask are static; h, c, context and the previous
-    attention are replaced state; the CTC head scores candidates beside the speller with `ctc_weight`."""
+    attention are replaced state; the CTC head scores candidates beside the speller with `ctc_weight`, and
+    `length_hint` bounds each transcript by the CTC best path's length (for a speller decoded alone)."""
     cfg = model.cfg
     widths = [cfg.speller_hidden, cfg.speller_hidden, 2 * cfg.listener_hidden, "source"]
     state = [
@@ -177,7 +178,8 @@ def build_manifest(model: ListenAttendSpell, name: str, version: int, max_second
         },
         "limits": {"max_new_tokens": max_new_tokens},
         "attention": {"output": "cross_attentions", "layers": 1, "heads": 1, "default_layer": -1},
-        "encoder": {"file": "encoder.onnx", "inputs": {n: n for n in ENCODER_INPUTS}, "length_hint": LENGTH_HINT,
+        "encoder": {"file": "encoder.onnx", "inputs": {n: n for n in ENCODER_INPUTS},
+                    **({"length_hint": LENGTH_HINT} if length_hint else {}),
                     "ctc": {"log_probs": "ctc_log_probs", "lengths": "ctc_lengths", "blank_id": vocabulary.BLANK_ID,
                             "weight": ctc_weight}},
         "decoder": {"file": "decoder.onnx", "inputs": {"input_ids": "input_ids"}, "outputs": {"logits": "logits"}},
@@ -247,11 +249,13 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=400, help="longest transcript, in characters")
     parser.add_argument("--ctc-weight", type=float, default=CTC_WEIGHT,
                         help="the CTC head's share of each candidate's score when served (0: attention alone)")
+    parser.add_argument("--no-length-hint", action="store_true",
+                        help="no CTC length bound on transcripts (joint decoding already keeps the speller in check)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     model, tokenizer, _ = load_model(args.checkpoint)
     export_model(model, tokenizer, args.out, args.name, max_seconds=args.max_seconds,
-                 max_new_tokens=args.max_new_tokens, ctc_weight=args.ctc_weight)
+                 max_new_tokens=args.max_new_tokens, ctc_weight=args.ctc_weight, length_hint=not args.no_length_hint)
     worst = parity(model, args.out)
     print(json.dumps({"exported": str(args.out), "parity_cases": PARITY_CASES, "max_abs_diff": worst}, indent=2))
 

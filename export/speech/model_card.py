@@ -68,8 +68,9 @@ def example_lines(scores: dict) -> list[str]:
     return lines
 
 
-# Above this character error rate on some test split, the card opens with a warning.
+# Above this character or word error rate on some test split, the card opens with a warning.
 UNDERTRAINED_CER = 0.5
+UNDERTRAINED_WER = 0.5
 
 
 def status_lines(scores: dict, state: dict, joint: bool = False) -> list[str]:
@@ -79,7 +80,7 @@ def status_lines(scores: dict, state: dict, joint: bool = False) -> list[str]:
         joint: the manifest decodes with the CTC head (encoder.ctc), which keeps the speller out of loops.
     """
     worst = max(s["cer"] for s in scores["splits"].values())
-    if worst <= UNDERTRAINED_CER:
+    if worst <= UNDERTRAINED_CER and max(s["wer"] for s in scores["splits"].values()) <= UNDERTRAINED_WER:
         return []
     timing = [s["word_timing"] for s in scores["splits"].values() if s["word_timing"]["words"]]
     medians = sorted(1000 * t["start_median_s"] for t in timing)
