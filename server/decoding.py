@@ -11,6 +11,8 @@ A `DecodeStrategy` (greedy search, beam search, sampling in server/sampling.py) 
 into the next tokens and tells the batch which rows to keep: finished rows are dropped, beams are reordered.
 Before it chooses, the requests' output rules (minimum length, repetition guard: server/output_rules.py)
 take the tokens they forbid out of the logits; log-probabilities are those of the distribution that remains.
+A model with a CTC head (manifest encoder.ctc) has its logits replaced by joint CTC/attention scores before
+that (server/ctc_prefix.py), so every strategy ranks candidates by both.
 Finished requests come out of `decode()` at the step they finish, so a caller can answer them while the rest
 of the batch continues. `Batch.merge` and `Batch.split` let continuous batching (server/lane.py) add rows
 that start later and move rows between running batches without changing what any row computes.
