@@ -13,9 +13,9 @@ so a candidate that repeats a word already spoken, or an EOS while audio is stil
 (r_n[t]: alignments of g ending in g's last label at frame t; r_b[t]: ending in blank) and the prefix score.
 `score()` extends every row by every token at once, vectorized over (rows, vocabulary), one loop over frames;
 `advance()` keeps the chosen token's column as the row's new state. Rows are gathered with `select()` and
-joined with `merge()` exactly as the decoder batch's rows are (server/decoding.py), so beam search, continuous
-batching and splitting keep each row's own state. Log domain throughout; frames past a row's own length are
-never read.
+joined with `concatenate()` as the decoder batch's rows are (`Batch.select` / `merge`, server/decoding.py), so
+beam search, continuous batching and splitting keep each row's own state. Log domain throughout; frames past
+a row's own length are -inf, so they add to no sum.
 """
 
 from __future__ import annotations

@@ -243,16 +243,12 @@ class ListenAttendSpell(nn.Module):
         h, c = self.speller.initial_state(memory, reduced)
         return (memory, keys, reduced, h, c), (ctc_states, ctc_mask)
 
-    def encode_with_length(self, features: torch.Tensor, mask: torch.Tensor):
-        """encode()'s outputs and (B,) the characters of each row's CTC best path (argmax per frame, repeats
-        merged, blanks dropped): the alignment-free head's estimate of the transcript's length, which the
-        server uses to stop a speller caught in a loop (manifest encoder.length_hint)."""
-        return self.encode_for_serving(features, mask)[:6]
-
     def encode_for_serving(self, features: torch.Tensor, mask: torch.Tensor):
-        """encode_with_length()'s outputs, then the CTC head's (B, T', V) log-probabilities and (B,) real CTC
-        frames: the server scores every candidate character with them (manifest encoder.ctc, joint CTC/attention
-        decoding)."""
+        """encode()'s outputs, then what the server reads from the CTC head: (B,) the characters of each row's
+        best path (argmax per frame, repeats merged, blanks dropped), an estimate of the transcript's length
+        that can stop a speller caught in a loop (manifest encoder.length_hint), and the (B, T', V)
+        log-probabilities with (B,) real CTC frames, with which it scores every candidate character (manifest
+        encoder.ctc, joint CTC/attention decoding)."""
         (memory, keys, reduced, h, c), (ctc_states, ctc_mask) = self._listen(features, mask)
         log_probs = self.ctc_head(ctc_states).log_softmax(-1)  # (B, T', V)
         best = log_probs.argmax(-1)  # (B, T')

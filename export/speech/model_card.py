@@ -16,6 +16,7 @@ import pathlib
 import torch
 
 from attnserve.export.model_card import size_table
+from attnserve.export.speech.model import ListenAttendSpellConfig
 
 
 def data_lines(stats: dict) -> list[str]:
@@ -119,63 +120,60 @@ def length_hint_lines(manifest: dict) -> list[str]:
     ]
 
 
-def ctc_lines(manifest: dict) -> list[str]:
-    """How the CTC head takes part in decoding (docs/model-contract.md, encoder.ctc)."""
-    ctc = manifest["encoder"].get("ctc")
-    if ctc is None or not ctc.get("weight", 0.3):
+def ctc_lines(w: float) -> list[str]:
+    """How the CTC head takes part in decoding with weight `w` (docs/model-contract.md, encoder.ctc)."""
+    if not w:
         return []
-    w = ctc.get("weight", 0.3)
     return [f"- Joint CTC/attention decoding: every candidate character is ranked by {1 - w:g} x the speller's"
             f" log-probability + {w:g} x its CTC prefix score (server/ctc_prefix.py), so the speller cannot loop,"
             " skip or stop early unopposed."]
 
 
-def listener_lines(cfg: dict, reduction: int) -> str:
+def listener_lines(cfg: ListenAttendSpellConfig) -> str:
     """The listener's layers as the config builds them (export/speech/model.py)."""
-    stack, lower = cfg.get("stack_frames", 1), cfg.get("bottom_layers", 1)
+    stack, lower, reduction = cfg.stack_frames, cfg.bottom_layers, cfg.time_reduction
     first = (f"{stack} log-mel frames of 80 bands stacked side by side ({10 * stack} ms per step)" if stack > 1
              else "80 log-mel bands")
     bottoms = f"{lower} BiLSTMs" if lower > 1 else "a BiLSTM"
-    return (f"- Listener: {bottoms} ({cfg['listener_hidden']} units per direction) over {first}, then"
-            f" {cfg['pyramid_layers']} pyramid BiLSTM{'s' if cfg['pyramid_layers'] > 1 else ''} halving time"
+    return (f"- Listener: {bottoms} ({cfg.listener_hidden} units per direction) over {first}, then"
+            f" {cfg.pyramid_layers} pyramid BiLSTM{'s' if cfg.pyramid_layers > 1 else ''} halving time"
             f" ({reduction}x: one attention column per {10 * reduction} ms).")
 
 
 def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path, previous: dict | None = None,
            ctc_loss_weight: float | None = None) -> str:
     """The card's text. `ctc_loss_weight`: the training loss's CTC share, for checkpoints that do not record it."""
-    cfg, state = checkpoint["config"], checkpoint["state"]
+    cfg, state = ListenAttendSpellConfig(**checkpoint["config"]), checkpoint["state"]
     ctc_share = ctc_loss_weight if ctc_loss_weight is not None else state.get("ctc_weight", 0.3)
     params = sum(v.numel() for k, v in checkpoint["model"].items())
     manifest = json.loads((model_dir / "manifest.json").read_text())
     best, last = min(state["history"], key=lambda h: h["cer"]), state["history"][-1]
-    stack = cfg.get("stack_frames", 1)
-    reduction, r_ctc = stack * 2 ** cfg["pyramid_layers"], stack * 2 ** cfg["ctc_layer"]
+    joint_weight = manifest["encoder"].get("ctc", {}).get("weight", 0.0)
     return "\n".join([
         f"# {manifest['name']} (version {manifest['version']})",
         "",
         "An English speech recognizer, listen, attend and spell (Chan et al. 2015), writing lower-case characters.",
         "Exported to ONNX with the speller's h, c, attention context and previous attention as replaced decoder",
         "state and the step's attention as output (docs/model-contract.md): each output character's attention",
-        f"over {10 * reduction} ms time spans, from which the server times every word.",
+        f"over {10 * cfg.time_reduction} ms time spans, from which the server times every word.",
         "Trained from scratch here, on 2 CPU cores, on synthesized speech only: expect it to fail on real voices.",
         "",
-        *status_lines(scores, state, joint=bool(manifest["encoder"].get("ctc", {}).get("weight"))),
+        *status_lines(scores, state, joint=bool(joint_weight)),
         "## Model",
-        listener_lines(cfg, reduction),
-        f"  Speller: one LSTM cell of {cfg['speller_hidden']} units with location-aware"
-        f" attention (additive content score + {cfg['location_filters']} convolution filters of width"
-        f" {cfg['location_kernel']} over the previous step's weights); {cfg['vocab_size']} output ids (26 letters, apostrophe, word marker,"
-        f" 4 specials); a CTC head on the {r_ctc}x layer; {params / 1e6:.2f}M parameters.",
+        listener_lines(cfg),
+        f"  Speller: one LSTM cell of {cfg.speller_hidden} units with location-aware"
+        f" attention (additive content score + {cfg.location_filters} convolution filters of width"
+        f" {cfg.location_kernel} over the previous step's weights); {cfg.vocab_size} output ids (26 letters, apostrophe, word marker,"
+        f" 4 specials); a CTC head on the {cfg.ctc_reduction}x layer; {params / 1e6:.2f}M parameters.",
         f"- Limits: {manifest['input']['max_seconds']:g} s of audio, {manifest['limits']['max_new_tokens']} characters.",
         *length_hint_lines(manifest),
-        *ctc_lines(manifest),
+        *ctc_lines(joint_weight),
         "",
         "## Training",
         f"- {state['step']:,} steps, {state['epoch']} epochs + {state['batch_in_epoch']:,} batches,"
         f" {state['audio_seconds'] / 3600:.1f} h of audio seen in {state['seconds'] / 60:.0f} minutes of compute"
         f" ({state['audio_seconds'] / max(state['seconds'], 1):.0f} audio-s/s on 2 shared CPU cores).",
-        f"- Joint CTC-attention loss ({ctc_share:g} CTC on the {r_ctc}x layer + {1 - ctc_share:g} cross-entropy,"
+        f"- Joint CTC-attention loss ({ctc_share:g} CTC on the {cfg.ctc_reduction}x layer + {1 - ctc_share:g} cross-entropy,"
         " label smoothing 0.1), Adam,"
         " warm-up then inverse-square-root decay, mel warp 0.85-1.18 and SpecAugment masks, padded length-sorted"
         f" batches. Seen-voice dev CER (greedy): best {best['cer']:.1%} at step {best['step']:,}, {last['cer']:.1%} at"
