@@ -57,7 +57,7 @@ def length_buckets(lengths: Sequence[int]) -> list[slice]:
 def encode_in_buckets(engine: ModelEngine, sources: Sequence[Source]) -> Batch:
     """One batch of the sources (ascending by length), encoded one length bucket at a time."""
     batches = [
-        Batch.build(engine.manifest, engine.runtime, engine.preprocessor.collate(sources[bucket]))
+        Batch.build(engine.manifest, engine.runtime, engine.preprocessor.collate(sources[bucket]), engine.language_model)
         for bucket in length_buckets([s.length for s in sources])
     ]
     budgets = [b.length_budget for b in batches]

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from attnserve.server.ctc_prefix import CTCPrefixScorer
+from attnserve.server.ngram_lm import LanguageModelState, NgramLanguageModel
 from attnserve.server.generation import AttentionReduction, FinishReason, GenerationRequest, SamplingOptions
 from attnserve.server.kv_cache import AppendCache
 from attnserve.server.manifest import Manifest, StateSpec
@@ -116,13 +117,17 @@ class Batch:
         self.length_budget: np.ndarray | None = None
         # Joint CTC/attention decoding (manifest encoder.ctc): each row's CTC prefix scores, or None.
         self._ctc: CTCPrefixScorer | None = None
+        # Shallow fusion (manifest language_model): each row's recent tokens for the n-gram LM, or None.
+        self._lm: LanguageModelState | None = None
 
     @classmethod
-    def build(cls, manifest: Manifest, runtime: Runtime, inputs: EncoderBatch) -> Batch:
+    def build(cls, manifest: Manifest, runtime: Runtime, inputs: EncoderBatch,
+              language_model: NgramLanguageModel | None = None) -> Batch:
         """Runs the encoder once and prepares static inputs and initial state.
 
         Args:
             inputs: the encoder's feeds for every row (the preprocessor's `collate`).
+            language_model: the manifest's LM (loaded), when it names one.
 
         Raises:
             RuntimeError: a static tensor's source axis is not as long as the longest row's encoder
@@ -149,6 +154,9 @@ class Batch:
         if ctc is not None and ctc.weight > 0:
             batch._ctc = CTCPrefixScorer(tensors[ctc.log_probs], tensors[ctc.lengths], ctc.blank_id,
                                          manifest.special_tokens.eos)
+        lm = manifest.language_model
+        if language_model is not None and lm is not None and lm.weight > 0:
+            batch._lm = LanguageModelState.start(language_model, len(batch))
         return batch
 
     def __len__(self) -> int:
@@ -179,6 +187,8 @@ class Batch:
             feeds[d.self_attention_mask] = np.ones((b, 1), dtype=np.int64)
         if self._ctc is not None:  # the tokens chosen last step extend the CTC prefixes (not the start token)
             self._ctc.advance(input_ids, np.flatnonzero(self.positions > 0))
+        if self._lm is not None:  # the LM's context includes the start token
+            self._lm.advance(input_ids)
         out = self._runtime.decode_step(feeds)
         for spec in self._manifest.state:
             if spec.update == "replace":
@@ -189,6 +199,8 @@ class Batch:
         logits = out[d.logits]  # (B, V)
         if self._ctc is not None:
             logits = self._joint_scores(logits)
+        if self._lm is not None:
+            logits = self._fused_scores(logits)
         if self._manifest.special_tokens.suppress:
             logits[:, list(self._manifest.special_tokens.suppress)] = -np.inf  # tokens never to emit
         return StepOutput(logits, out[self._manifest.attention.output])
@@ -203,6 +215,12 @@ class Batch:
         stuck = ~np.isfinite(joint.max(axis=-1))
         joint[stuck] = logits[stuck]
         return joint.astype(np.float32, copy=False)
+
+    def _fused_scores(self, scores: np.ndarray) -> np.ndarray:
+        """(B, V) decoder (or joint) scores -> their log-probabilities + weight x the LM's log p of each token
+        after the row's tokens so far (shallow fusion)."""
+        fused = log_softmax(scores) + self._manifest.language_model.weight * self._lm.score()
+        return fused.astype(np.float32, copy=False)
 
     def select(self, rows: np.ndarray) -> None:
         """Keeps the given rows, in the given order; a row may appear more than once (beam search).
@@ -225,6 +243,8 @@ class Batch:
             self._cache = self._cache.select(rows)  # also drops slots no remaining row attends
         if self._ctc is not None:
             self._ctc.select(rows)
+        if self._lm is not None:
+            self._lm.select(rows)
         self.source_lengths = self.source_lengths[rows]
         self.positions = self.positions[rows]
         self._trim_source()
@@ -258,6 +278,8 @@ class Batch:
             self._cache = AppendCache.concatenate([b._cache for b in parts])
         if self._ctc is not None:
             self._ctc = CTCPrefixScorer.concatenate([b._ctc for b in parts])
+        if self._lm is not None:
+            self._lm = LanguageModelState.concatenate([b._lm for b in parts])
         self.positions = np.concatenate([b.positions for b in parts])
         self.source_lengths = np.concatenate([b.source_lengths for b in parts])
 
@@ -268,6 +290,8 @@ class Batch:
         other._static, other._state = dict(self._static), dict(self._state)
         if self._ctc is not None:  # select() gathers in place: each side needs its own scorer
             other._ctc = copy.copy(self._ctc)
+        if self._lm is not None:
+            other._lm = copy.copy(self._lm)
         other.select(rows)
         self.select(np.setdiff1d(np.arange(len(self)), rows))
         return other

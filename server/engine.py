@@ -36,6 +36,7 @@ from attnserve.server.generation import (
     Timings,
     Token,
 )
+from attnserve.server.ngram_lm import NgramLanguageModel
 from attnserve.server.repository import ModelVersion, find_models, open_runtime
 from attnserve.server.runtime import Runtime, RuntimeOptions
 from attnserve.server.tokenization import Tokenizer, check_text
@@ -78,6 +79,7 @@ class ModelEngine:
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.preprocessor = preprocessor or preprocessing.create(self.manifest, tokenizer)
+        self.language_model = _open_language_model(model, runtime)
         self._eos = self.manifest.special_tokens.eos
         self._max_attention_values = batching.max_attention_values
         self._max_beam_size = batching.max_beam_size
@@ -279,7 +281,8 @@ class ModelEngine:
         answered: set[int] = set()
         # Encode once for the whole group.
         clock = _Clock(start=time.perf_counter(), encoded=0.0)
-        batch = Batch.build(self.manifest, self.runtime, self.preprocessor.collate([p.source for p in prepared]))
+        batch = Batch.build(self.manifest, self.runtime, self.preprocessor.collate([p.source for p in prepared]),
+                            self.language_model)
         clock.encoded = time.perf_counter()
         strategy = make_strategy(prepared, self.manifest.special_tokens.eos, batch.length_budget)
 
@@ -470,6 +473,23 @@ class EngineRegistry:
     def close(self, timeout: float | None = None) -> None:
         for engine in self._engines.values():
             engine.close(timeout)
+
+
+def _open_language_model(model: ModelVersion, runtime: Runtime) -> NgramLanguageModel | None:
+    """The manifest's LM for shallow fusion, or None.
+
+    Raises:
+        ValueError: the file is unreadable, or its vocabulary is not the decoder's.
+    """
+    spec = model.manifest.language_model
+    if spec is None:
+        return None
+    lm = NgramLanguageModel.load(model.path / spec.file)
+    classes = runtime.decoder_signature.outputs[model.manifest.decoder.logits].shape[-1]
+    if isinstance(classes, int) and classes != lm.vocab_size:
+        raise ValueError(f"{model.path / spec.file}: the language model scores {lm.vocab_size} tokens, the decoder "
+                         f"{classes}")
+    return lm
 
 
 def load_engine(

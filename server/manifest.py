@@ -82,6 +82,15 @@ class CTCScoring:
 
 
 @dataclasses.dataclass(frozen=True)
+class LanguageModelSpec:
+    """A token n-gram LM for shallow fusion (server/ngram_lm.py): every candidate's score gains weight x its
+    LM log-probability after the row's previous tokens."""
+
+    file: str  # in the version folder, written by export/ngram_build.py
+    weight: float = 0.3
+
+
+@dataclasses.dataclass(frozen=True)
 class EncoderSpec:
     file: str
     # Role of each encoder input (as the model's input kind names them, e.g. "input_ids") -> graph input name.
@@ -173,6 +182,8 @@ class Manifest:
     input: InputSpec = TextInputSpec()
     # Variant name (e.g. "int8") -> its graphs; same inputs, outputs and tokenizer as the default ones.
     variants: Mapping[str, Variant] = dataclasses.field(default_factory=dict)
+    # Optional LM whose scores join the decoder's at every step (docs/model-contract.md).
+    language_model: LanguageModelSpec | None = None
 
 
 class FieldReader:
@@ -304,6 +315,7 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         state=tuple(_state(s) for s in r.items("state")),
         input=input_spec,
         variants=_variants(r),
+        language_model=_language_model(r),
     )
     _check_consistency(manifest, where)
     return manifest
@@ -316,6 +328,16 @@ def _variants(r: FieldReader) -> Mapping[str, Variant]:
     return types.MappingProxyType({
         name: Variant(v.string("encoder"), v.string("decoder")) for name in variants.data for v in [variants.obj(name)]
     })
+
+
+def _language_model(r: FieldReader) -> LanguageModelSpec | None:
+    if "language_model" not in r.data:
+        return None
+    lm = r.obj("language_model")
+    weight = lm.number("weight", default=LanguageModelSpec.weight)
+    if weight > 1:
+        lm.fail_field("weight", f"must be in [0, 1], got {weight}")
+    return LanguageModelSpec(lm.string("file"), weight)
 
 
 def _limits(r: FieldReader, spec: InputSpec) -> Limits:

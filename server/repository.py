@@ -116,6 +116,7 @@ def load_model_version(folder: pathlib.Path) -> ModelVersion:
         ("decoder.file", manifest.decoder.file),
         ("tokenizer.file", manifest.tokenizer.file),
         *variant_files,
+        *([("language_model.file", manifest.language_model.file)] if manifest.language_model else []),
     ):
         if not (folder / file).is_file():
             raise ValueError(f"{folder / file}: file named by {where} field '{field}' does not exist")

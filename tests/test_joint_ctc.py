@@ -33,7 +33,9 @@ def wav(i: int) -> bytes:
     return wav_bytes(clip(seconds, rate, seed=10 + i), rate, "pcm16")
 
 
-def write_repo(root, model, tokenizer, weight: float | None):
+def write_repo(root, model, tokenizer, weight: float | None, lm=None, lm_weight: float = 0.0):
+    """The tiny speech model with its CTC head; `weight` None leaves encoder.ctc out of the manifest, and an
+    n-gram `lm` is shipped as lm.npz with `lm_weight` (manifest language_model)."""
     import tiny_speech
 
     from attnserve.export import bpe
@@ -45,6 +47,9 @@ def write_repo(root, model, tokenizer, weight: float | None):
     if weight is not None:
         data["encoder"]["ctc"] = {"log_probs": "ctc_log_probs", "lengths": "ctc_lengths", "blank_id": 0,
                                   "weight": weight}
+    if lm is not None:
+        lm.save(folder / "lm.npz")
+        data["language_model"] = {"file": "lm.npz", "weight": lm_weight}
     tiny_speech.write_manifest(folder, data)
     return root
 
@@ -54,11 +59,16 @@ def joint_repo(tmp_path_factory, tiny_speech_model, tiny_tokenizer):
     return write_repo(tmp_path_factory.mktemp("joint"), tiny_speech_model, tiny_tokenizer, WEIGHT)
 
 
-@pytest.fixture(scope="module")
-def served(joint_repo):
-    engines = app.load_engines(app.ServeOptions(models=str(joint_repo)))
+def serve(repo):
+    """A client of a background server of the repository's models, and the engines."""
+    engines = app.load_engines(app.ServeOptions(models=str(repo)))
     with app.BackgroundServer(engines) as background, Client(background.address, timeout=WAIT) as client:
         yield client, engines
+
+
+@pytest.fixture(scope="module")
+def served(joint_repo):
+    yield from serve(joint_repo)
 
 
 def reference(model, repo, data: bytes, weight: float) -> list[int]:
@@ -85,42 +95,52 @@ def test_the_ctc_scores_change_what_is_decoded(served, joint_repo, tiny_speech_m
     assert joint != plain
 
 
-@pytest.mark.parametrize("mode", BATCHING_MODES)
-def test_a_batch_of_clips_decoded_jointly_equals_each_clip_alone(served, joint_repo, mode):
-    _, engines = served
-    n = len(CLIPS)
-    requests = [GenerationRequest(NAME, audio=AudioInput(wav=wav(i))) for i in range(n)]
-    batched = generate_together(joint_repo, NAME, mode, requests)
+def assert_batched_equals_alone(repo, engines, mode: str) -> None:
+    """Every clip decoded in one batch (batching `mode`) gives the tokens and log-probs it gets alone."""
+    requests = [GenerationRequest(NAME, audio=AudioInput(wav=wav(i))) for i in range(len(CLIPS))]
+    batched = generate_together(repo, NAME, mode, requests)
     for request, result in zip(requests, batched):
         alone = engines[NAME].generate(request, WAIT)
         assert [t.id for t in result.tokens] == [t.id for t in alone.tokens]
         np.testing.assert_allclose([t.logprob for t in result.tokens], [t.logprob for t in alone.tokens], atol=1e-5)
 
 
-def test_beam_search_ranks_joint_scores_and_its_first_beam_of_one_is_greedy(served):
-    client, _ = served
+def assert_beam_search_ranked(client) -> None:
+    """Beam 1 equals greedy; beam 4's n-best come ranked by score, best first, and the first is the output."""
     for i in range(len(CLIPS)):
         greedy = client.generate(audio_request(wav(i), model=NAME))
         beam1 = client.generate(audio_request(wav(i), model=NAME, beam_size=1))
         beam4 = client.generate(audio_request(wav(i), model=NAME, beam_size=4, num_return_sequences=4))
         assert beam1.tokens == greedy.tokens
-        # Beams are ranked by their joint score per token, best first; the first is the output.
         scores = [s.score for s in beam4.nbest]
         assert len(scores) > 1 and scores == sorted(scores, reverse=True) and np.all(np.isfinite(scores))
         assert beam4.tokens == beam4.nbest[0].tokens
 
 
-def test_a_weight_of_zero_is_plain_attention_decoding(tmp_path, tiny_speech_model, tiny_tokenizer, tiny_speech_repo):
-    repo = write_repo(tmp_path, tiny_speech_model, tiny_tokenizer, 0.0)
-    engines = [load_engine(find_models(r)[NAME], RuntimeOptions(), batching("window", 4)) for r in (repo, tiny_speech_repo)]
+@pytest.mark.parametrize("mode", BATCHING_MODES)
+def test_a_batch_of_clips_decoded_jointly_equals_each_clip_alone(served, joint_repo, mode):
+    assert_batched_equals_alone(joint_repo, served[1], mode)
+
+
+def test_beam_search_ranks_joint_scores_and_its_first_beam_of_one_is_greedy(served):
+    assert_beam_search_ranked(served[0])
+
+
+def assert_same_tokens(*repos) -> None:
+    """Each repository's model decodes every clip to the same tokens."""
+    engines = [load_engine(find_models(r)[NAME], RuntimeOptions(), batching("window", 4)) for r in repos]
     try:
         for i in range(len(CLIPS)):
             request = GenerationRequest(NAME, audio=AudioInput(wav=wav(i)))
-            zero, plain = (e.generate(request, WAIT) for e in engines)
-            assert zero.tokens == plain.tokens
+            first, *others = (e.generate(request, WAIT) for e in engines)
+            assert all(first.tokens == o.tokens for o in others)
     finally:
         for e in engines:
             e.close()
+
+
+def test_a_weight_of_zero_is_plain_attention_decoding(tmp_path, tiny_speech_model, tiny_tokenizer, tiny_speech_repo):
+    assert_same_tokens(write_repo(tmp_path, tiny_speech_model, tiny_tokenizer, 0.0), tiny_speech_repo)
 
 
 def test_a_manifest_naming_ctc_outputs_the_encoder_lacks_is_refused(tmp_path, tiny_speech_repo):

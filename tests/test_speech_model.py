@@ -368,3 +368,18 @@ def test_evaluation_decoding_variants_change_only_the_manifests_decoding_fields(
     (plain / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="has no CTC head"), decoding_variant(plain, 0.3, True):
         pass
+
+
+def test_evaluation_can_fuse_an_lm_the_model_does_not_ship(repo, tmp_path):
+    from attnserve.export.ngram_build import build
+    from attnserve.export.speech.evaluate import decoding_variant
+
+    folder = repo / NAME / "1"
+    build([[4, 5, 6]], 32, order=3, start_id=3, eos_id=2).save(tmp_path / "lm.npz")
+    with decoding_variant(folder, None, True, tmp_path / "lm.npz", 0.2) as variant:
+        fused = load_manifest(variant / "manifest.json")
+        assert fused.language_model.weight == 0.2
+        assert (variant / fused.language_model.file).resolve() == (tmp_path / "lm.npz").resolve()
+    assert load_manifest(folder / "manifest.json").language_model is None
+    with pytest.raises(ValueError, match="has no language model"), decoding_variant(folder, None, True, None, 0.2):
+        pass

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -71,11 +72,13 @@ class TinyListenAttendSpell(nn.Module):
         return torch.log_softmax(self.ctc(memory), -1), reduced.sum(1)
 
     @torch.no_grad()
-    def greedy_decode(self, features: torch.Tensor, start: int, eos: int, max_new: int, ctc_weight: float = 0.0):
+    def greedy_decode(self, features: torch.Tensor, start: int, eos: int, max_new: int, ctc_weight: float = 0.0,
+                      lm=None, lm_weight: float = 0.0):
         """The offline reference for one clip's (T, M) frames: token ids and (n, S) attention.
 
         With a ctc_weight, each step ranks tokens by (1 - w) log p_decoder + w x their CTC prefix score
-        (joint CTC/attention decoding, the scorer the server uses: server/ctc_prefix.py)."""
+        (joint CTC/attention decoding, the scorer the server uses: server/ctc_prefix.py). With an n-gram `lm`
+        and lm_weight, that score gains lm_weight x log p_lm(token | start token and tokens so far)."""
         from attnserve.server.ctc_prefix import CTCPrefixScorer
 
         t = features.shape[0]
@@ -87,14 +90,19 @@ class TinyListenAttendSpell(nn.Module):
         h, c = self.speller.initial_state(memory, reduced)
         scorer = CTCPrefixScorer(*(x.numpy() for x in self.ctc_log_probs(memory, reduced)), 0, eos)
         context, token, tokens, weights = torch.zeros(1, D), torch.tensor([start]), [], []
+        fed = [start]
         for _ in range(max_new):
             logits, h, c, context, attention = self.speller.step(token, reduced, memory, h, c, context)
+            score = logits.log_softmax(-1).numpy()
             if ctc_weight:
-                joint = (1 - ctc_weight) * logits.log_softmax(-1).numpy() + ctc_weight * scorer.score()
-                token = torch.from_numpy(joint.argmax(-1))
+                score = (1 - ctc_weight) * score + ctc_weight * scorer.score()
+            if lm_weight:
+                history = np.array([[0] * max(lm.order - 1 - len(fed), 0) + [t + 1 for t in fed][-(lm.order - 1):]])
+                score = score + lm_weight * lm.score(history)
+            token = torch.from_numpy(score.argmax(-1))
+            if ctc_weight:
                 scorer.advance(token.numpy())
-            else:
-                token = logits.argmax(-1)
+            fed.append(int(token))
             weights.append(attention[0])
             if int(token) == eos:
                 break

@@ -49,10 +49,12 @@ def open_engine(model_dir: pathlib.Path, max_batch: int = 16):
 
 
 @contextlib.contextmanager
-def decoding_variant(model_dir: pathlib.Path, ctc_weight: float | None, length_hint: bool):
+def decoding_variant(model_dir: pathlib.Path, ctc_weight: float | None, length_hint: bool,
+                     lm: pathlib.Path | None = None, lm_weight: float | None = None):
     """The version folder as given, or a temporary copy (graphs linked, not copied) whose manifest sets the
-    CTC weight of joint decoding and drops the length hint: decoding choices measured on one exported model."""
-    if ctc_weight is None and length_hint:
+    CTC weight of joint decoding, drops the length hint, or fuses an n-gram LM (`lm`, else the model's own)
+    with `lm_weight`: decoding choices measured on one exported model."""
+    if ctc_weight is None and length_hint and lm is None and lm_weight is None:
         yield model_dir
         return
     manifest = json.loads((model_dir / "manifest.json").read_text())
@@ -62,12 +64,20 @@ def decoding_variant(model_dir: pathlib.Path, ctc_weight: float | None, length_h
         manifest["encoder"]["ctc"]["weight"] = ctc_weight
     if not length_hint:
         manifest["encoder"].pop("length_hint", None)
+    if lm is not None:
+        manifest["language_model"] = {"file": "lm-variant.npz"}
+    if lm_weight is not None:
+        if "language_model" not in manifest:
+            raise ValueError(f"{model_dir}: the model has no language model (manifest language_model); pass --lm")
+        manifest["language_model"]["weight"] = lm_weight
     with tempfile.TemporaryDirectory() as tmp:
         copy = pathlib.Path(tmp) / model_dir.parent.name / model_dir.name
         copy.mkdir(parents=True)
         for f in model_dir.iterdir():
             if f.name != "manifest.json":
                 (copy / f.name).symlink_to(f.resolve())
+        if lm is not None:
+            (copy / "lm-variant.npz").symlink_to(lm.resolve())
         (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
         yield copy
 
@@ -177,14 +187,17 @@ def main() -> None:
     parser.add_argument("--ctc-weight", type=float,
                         help="decode with this CTC weight instead of the manifest's (0: the speller alone)")
     parser.add_argument("--no-length-hint", action="store_true", help="decode without the manifest's length hint")
+    parser.add_argument("--lm", type=pathlib.Path, help="fuse this n-gram LM instead of the manifest's")
+    parser.add_argument("--lm-weight", type=float, help="the LM's weight in shallow fusion instead of the manifest's")
     args = parser.parse_args()
-    with decoding_variant(args.model_dir, args.ctc_weight, not args.no_length_hint) as model_dir:
+    with decoding_variant(args.model_dir, args.ctc_weight, not args.no_length_hint, args.lm, args.lm_weight) as model_dir:
         engine = open_engine(model_dir)
         manifest = engine.manifest
         try:
             scores = {"model": str(args.model_dir), "beam_size": args.beam_size,
                       "ctc_weight": manifest.encoder.ctc.weight if manifest.encoder.ctc else 0.0,
                       "length_hint": manifest.encoder.length_hint is not None,
+                      "lm_weight": manifest.language_model.weight if manifest.language_model else 0.0,
                       "splits": {s: score_split(engine, args.corpus, s, args.beam_size, args.limit) for s in args.splits}}
         finally:
             engine.close()
