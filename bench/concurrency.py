@@ -3,7 +3,8 @@
     .venv/bin/python bench/concurrency.py                                # 1, 8, 32, 64 clients, 10 s each
     .venv/bin/python bench/concurrency.py --clients 1 32 --seconds 20 --out results.json
 
-Two `attnserve serve` processes run the bundled translator (one intra-op thread each): `batched` with the
+Two `attnserve serve --model translate-zh-en` processes (one intra-op thread each; `--all-models` loads the
+whole repository instead) run the bundled translator: `batched` with the
 server's defaults (continuous batching) and `unbatched` with `--max-rows 1` (one request decodes at a
 time), and with `--hold-steps N` a third, `held`, that holds a few queued requests back for up to N steps
 so that they join the running batch together (`--admission-hold-steps`). This process is the clients: at
@@ -151,6 +152,9 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=400, help="half zh->en, half en->zh")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--seconds", type=float, default=10.0, help="per server and level")
+    parser.add_argument("--all-models", action="store_true",
+                        help="the servers load every model of --models (default: only --model, as a deployment "
+                             "of one model would)")
     parser.add_argument("--hold-steps", type=int, default=0,
                         help="also run a third server, `held`, with --admission-hold-steps N")
     parser.add_argument("--out", type=pathlib.Path)
@@ -162,10 +166,12 @@ def main() -> None:
     requests = requests[0::2] + requests[1::2]  # mix the directions and lengths
     in_process = in_process_latency_ms(args.models, args.model, requests, 100)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    servers = {"batched": ServerProcess(args.models, []),
-               "unbatched": ServerProcess(args.models, ["--max-rows", "1", "--max-batch-size", "1", "--max-beam-size", "1"])}
+    only = [] if args.all_models else ["--model", args.model]
+    servers = {"batched": ServerProcess(args.models, only),
+               "unbatched": ServerProcess(args.models, [*only, "--max-rows", "1", "--max-batch-size", "1",
+                                                        "--max-beam-size", "1"])}
     if args.hold_steps:
-        servers["held"] = ServerProcess(args.models, ["--admission-hold-steps", str(args.hold_steps)])
+        servers["held"] = ServerProcess(args.models, [*only, "--admission-hold-steps", str(args.hold_steps)])
     levels: dict[str, dict[int, dict]] = {name: {} for name in servers}
     try:
         for server in servers.values():  # warm-up: the first requests load lazily-built state
@@ -184,6 +190,7 @@ def main() -> None:
         "seconds_per_level": args.seconds,
         "levels": levels,
         "server_peak_rss_mb": rss,
+        "servers_load": "every model" if args.all_models else args.model,
         "in_process_latency_p50_ms": in_process,
         "batching_gain": {c: levels["batched"][c]["tokens_per_s"] / levels["unbatched"][c]["tokens_per_s"]
                           for c in args.clients},

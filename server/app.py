@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from attnserve.server import errors, lifecycle, limits, logging_setup, metrics, readiness, security, service
+from attnserve.server import errors, lifecycle, limits, logging_setup, memory, metrics, readiness, security, service
 from attnserve.server.serve_options import ServeOptions  # noqa: F401  (re-exported: app.ServeOptions)
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
@@ -278,7 +278,7 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         else None,
     )
     broken: dict[str, str] | None = {} if options.skip_broken_models else None
-    registry = engine.load_engines(options.models, runtime, batching, broken)
+    registry = engine.load_engines(options.models, runtime, batching, broken, options.only_models)
     engines = {name: registry.get(name) for name in registry.names()}
     try:
         for name in list(engines):
@@ -295,6 +295,7 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
     if not engines:
         reasons = "; ".join(f"{name}: {reason}" for name, reason in broken.items())
         raise ValueError(f"{options.models}: no model could be loaded: {reasons}")
+    memory.release_free_heap()  # what building the sessions parsed and freed
     return engines, broken or {}
 
 

@@ -518,12 +518,14 @@ def load_engines(
     runtime_options: RuntimeOptions = RuntimeOptions(),
     batching_options: BatchingOptions = BatchingOptions(),
     broken: dict[str, str] | None = None,
+    only: Sequence[str] = (),
 ) -> EngineRegistry:
     """Loads the newest version of every model in a repository.
 
     Args:
         broken: None = one broken model fails them all; a dict = broken models are skipped and recorded
             here (name -> the reason, naming the file).
+        only: load these models alone; empty = every model.
 
     Raises:
         ValueError: the repository or (without `broken`) a model in it is broken (the message names the
@@ -531,7 +533,7 @@ def load_engines(
     """
     engines: dict[str, ModelEngine] = {}
     try:
-        for name, model in find_models(repository_path, broken).items():
+        for name, model in find_models(repository_path, broken, only).items():
             try:
                 engines[name] = load_engine(model, runtime_options, batching_options)
             except ValueError as exc:

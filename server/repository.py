@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
+from collections.abc import Sequence
 
 from attnserve.server.manifest import Manifest, load_manifest
 from attnserve.server.runtime import GraphSignature, Runtime, RuntimeOptions
@@ -52,25 +53,32 @@ class ModelVersion:
         return self.path / self.manifest.tokenizer.file
 
 
-def find_models(repository: str | pathlib.Path, broken: dict[str, str] | None = None) -> dict[str, ModelVersion]:
+def find_models(repository: str | pathlib.Path, broken: dict[str, str] | None = None,
+                only: Sequence[str] = ()) -> dict[str, ModelVersion]:
     """Finds every model folder in a repository and loads its highest version's manifest.
 
     Args:
         broken: None = a broken model fails the whole repository; a dict = it is skipped and recorded
             here (model folder name -> the reason), so that the healthy models can still be served.
+        only: these model folders alone (the others are not read at all); empty = every one.
 
     Returns:
         Model name -> its newest version, in name order.
 
     Raises:
-        ValueError: the repository is missing or empty, or (without `broken`) a model's newest version is
-            broken.
+        ValueError: the repository is missing or empty, a model of `only` is not in it, or (without `broken`)
+            a model's newest version is broken.
     """
     repository = pathlib.Path(repository)
     if not repository.is_dir():
         raise ValueError(f"{repository}: model repository folder does not exist")
+    folders = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+    missing = sorted(set(only) - {f.name for f in folders})
+    if missing:
+        raise ValueError(f"{repository}: no model {', '.join(map(repr, missing))} in the repository; it has "
+                         f"{', '.join(f.name for f in folders) or 'none'}")
     models = {}
-    for folder in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for folder in (f for f in folders if not only or f.name in only):
         try:
             models[folder.name] = load_model_version(newest_version(folder))
         except ValueError as exc:

@@ -21,6 +21,8 @@ BATCHING_MODES = ("continuous", "window")
 @dataclasses.dataclass(frozen=True)
 class ServeOptions:
     models: str = "models"  # model repository folder
+    # Serve only these models of the repository (e.g. one model per deployment); empty = every model.
+    only_models: tuple[str, ...] = ()
     host: str = "[::]"  # interface to listen on; "[::]" = all
     port: int = convert.DEFAULT_PORT
     device: str = "cpu"  # "cpu" or "cuda"
@@ -99,6 +101,11 @@ def _problems(o: ServeOptions):
 # Flag -> (field, argparse keywords). The help text of each flag shows the dataclass default.
 _FLAGS: dict[str, tuple[str, dict]] = {
     "--models": ("models", dict(help="model repository folder (default: %(default)s)")),
+    "--model": (
+        "only_models",
+        dict(action="append", metavar="NAME", help="serve only this model of the repository (repeatable; "
+             "default: every model)"),
+    ),
     "--host": ("host", dict(help="interface to listen on (default: %(default)s = all)")),
     "--port": ("port", dict(type=int, help="gRPC port (default: %(default)s)")),
     "--device": ("device", dict(choices=["cpu", "cuda"], help="(default: %(default)s)")),
@@ -186,7 +193,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the flags of `attnserve serve`, with ServeOptions' defaults."""
     defaults = ServeOptions()
     for flag, (field, keywords) in _FLAGS.items():
-        parser.add_argument(flag, dest=field, default=getattr(defaults, field), **keywords)
+        default = getattr(defaults, field)
+        # Repeatable flags append to a list.
+        parser.add_argument(flag, dest=field, default=list(default) if isinstance(default, tuple) else default,
+                            **keywords)
 
 
 def from_args(args: argparse.Namespace) -> ServeOptions:
@@ -195,4 +205,5 @@ def from_args(args: argparse.Namespace) -> ServeOptions:
     Raises:
         ValueError: a value or combination is invalid (the message names the flags).
     """
-    return ServeOptions(**{field: getattr(args, field) for field, _ in _FLAGS.values()})
+    values = {field: getattr(args, field) for field, _ in _FLAGS.values()}
+    return ServeOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})

@@ -268,6 +268,30 @@ def test_queue_full_is_resource_exhausted_and_the_server_goes_on():
 # ---- broken models, health -------------------------------------------------------------------------------
 
 
+def test_serving_only_named_models_never_reads_the_others(tiny_model_repo, tmp_path):
+    """`attnserve serve --model NAME`: one model per deployment; a broken neighbour is not even opened."""
+    from attnserve.server import serve_options
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_model_repo, repo)
+    (repo / "broken-model" / "1").mkdir(parents=True)
+    (repo / "broken-model" / "1" / "manifest.json").write_text("not json")
+    parser = serve_options.argparse.ArgumentParser()
+    serve_options.add_arguments(parser)
+    options = serve_options.from_args(parser.parse_args(["--models", str(repo), "--model", TINY]))
+    assert options.only_models == (TINY,)
+    engines = app.load_engines(options)
+    try:
+        assert list(engines) == [TINY]
+    finally:
+        app._close(engines)
+    assert serve_options.from_args(parser.parse_args(["--models", str(repo)])).only_models == ()
+    with pytest.raises(ValueError, match="not valid JSON"):
+        app.load_engines(app.ServeOptions(models=str(repo)))
+    with pytest.raises(ValueError, match=f"no model 'missing' in the repository; it has broken-model, {TINY}"):
+        app.load_engines(app.ServeOptions(models=str(repo), only_models=("missing", TINY)))
+
+
 def test_a_corrupt_model_beside_a_healthy_one_is_skipped_and_reported(tiny_model_repo, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(tiny_model_repo, repo)
