@@ -1,7 +1,8 @@
 """Trains a bidirectional zh-TW <-> en translator on data/corpus (built by attnserve.export.corpus.build):
 the Transformer (`--arch transformer`, the default) or the recurrent translator (`--arch recurrent`).
 
-Seeded, resumable (the run folder keeps `last.pt`; rerunning the same command continues from it), logs to
+Seeded, resumable (the run folder keeps `last.pt`; rerunning the same command continues from it; `touch <run>/STOP`
+makes a running training checkpoint and end at once), logs to
 `<run>/train.log`. One model serves both directions: every pair gives an en->zh and a zh->en example, and
 the decoder starts with the target-language token.
 
@@ -298,10 +299,12 @@ def run_epochs(model, optimizer, examples, dev, tokenizer, state, run, minutes, 
                     state["step"], state["epoch"], loss.item() / n, optimizer.param_groups[0]["lr"],
                     state["tokens"], state["tokens"] / max(state["seconds"], 1e-9),
                 )
-            if time.monotonic() >= next_checkpoint or time.monotonic() >= deadline:
+            stop = (run / "STOP").exists()  # `touch RUN/STOP`: checkpoint now and end, without losing work
+            if stop or time.monotonic() >= next_checkpoint or time.monotonic() >= deadline:
                 checkpoint(model, optimizer, dev, tokenizer, state, run, opts, recent)
                 next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
-            if time.monotonic() >= deadline:
+            if stop or time.monotonic() >= deadline:
+                (run / "STOP").unlink(missing_ok=True)
                 return
         state["epoch"] += 1
         state["batch_in_epoch"] = 0

@@ -46,3 +46,25 @@ def test_the_extended_checkpoint_keeps_old_scores_and_starts_new_tokens_as_unk(t
     torch.testing.assert_close(after[..., :size], before)
     unk = tiny_tokenizer.token_to_id("<unk>")
     torch.testing.assert_close(after[..., size:], before[..., unk : unk + 1].expand(-1, -1, 2))
+
+
+def test_training_continues_from_an_extended_checkpoint_and_stops_when_asked(tiny_torch_model, tiny_tokenizer, tmp_path):
+    from attnserve.export import train
+    from attnserve.export.architectures import load_checkpoint
+
+    torch.set_num_threads(1)
+    start = tmp_path / "extended.pt"
+    torch.save(extend_checkpoint({"model": tiny_torch_model.state_dict(), **checkpoint_fields(tiny_torch_model),
+                                  "tokenizer": tiny_tokenizer.to_str()}, ["狼"]), start)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "dev"):
+        (corpus / f"{split}.tsv").write_text("".join(f"The wolf came {i}\t狼來了 {i}\n" for i in range(40)))
+        (corpus / f"{split}.source").write_text("tatoeba\n" * 40)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "STOP").touch()  # `touch RUN/STOP`: one step, a checkpoint, and the end, however long it may run
+    train.train(corpus, run, 30.0, "transformer", {}, train.TrainOptions(batch_tokens=200), init_from=start)
+    model, tokenizer = load_checkpoint(run / "last.pt")
+    assert model.cfg.vocab_size == tiny_tokenizer.get_vocab_size() + 1 and tokenizer.token_to_id("狼") is not None
+    assert torch.load(run / "last.pt", weights_only=False)["state"]["step"] == 1 and not (run / "STOP").exists()
