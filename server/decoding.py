@@ -12,7 +12,8 @@ into the next tokens and tells the batch which rows to keep: finished rows are d
 Before it chooses, the requests' output rules (minimum length, repetition guard: server/output_rules.py)
 take the tokens they forbid out of the logits; log-probabilities are those of the distribution that remains.
 A model with a CTC head (manifest encoder.ctc) has its logits replaced by joint CTC/attention scores before
-that (server/ctc_prefix.py), so every strategy ranks candidates by both.
+that (server/ctc_prefix.py), and a model with an n-gram LM (manifest language_model) adds the LM's scores
+to them (shallow fusion, server/ngram_lm.py), so every strategy ranks candidates by all of them.
 Finished requests come out of `decode()` at the step they finish, so a caller can answer them while the rest
 of the batch continues. `Batch.merge` and `Batch.split` let continuous batching (server/lane.py) add rows
 that start later and move rows between running batches without changing what any row computes.
@@ -28,10 +29,10 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from attnserve.server.ctc_prefix import CTCPrefixScorer
-from attnserve.server.ngram_lm import LanguageModelState, NgramLanguageModel
 from attnserve.server.generation import AttentionReduction, FinishReason, GenerationRequest, SamplingOptions
 from attnserve.server.kv_cache import AppendCache
 from attnserve.server.manifest import Manifest, StateSpec
+from attnserve.server.ngram_lm import LanguageModelState, NgramLanguageModel
 from attnserve.server.output_rules import OutputRules
 from attnserve.server.preprocessing import EncoderBatch, Source
 from attnserve.server.runtime import Runtime

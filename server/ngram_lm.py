@@ -80,9 +80,9 @@ class NgramLanguageModel:
         for length in range(1, self.order):
             keys = self.context_keys(history, length)
             table = self.keys[length]
-            index = np.minimum(np.searchsorted(table, keys), len(table) - 1) if len(table) else None
-            if index is None:
+            if not len(table):
                 break
+            index = np.minimum(np.searchsorted(table, keys), len(table) - 1)
             found = table[index] == keys
             if not found.any():
                 break  # a longer context contains this one, so none of those is in the tables either
