@@ -3,8 +3,12 @@
 Growing the cache by concatenation copies all of it at every step, so a step's cost rises with the position
 (measured on translate-zh-en 2 at batch 32: the step at position 200 took 2.1x the step at position 10).
 Here every appended state lives in a buffer with spare slots along its time axis; a step writes its new
-slot in place, and the buffers are reallocated (doubling) only when they are full, so copying costs O(1)
-per step on average.
+slot in place, and the buffers are reallocated, SPARE_SLOTS longer, only when they are full.
+
+Why a fixed number of spare slots rather than doubling: the decoder reads every slot of the buffer at every
+step, spare ones included (they are masked, not skipped), and at batch 32 reading the cache is what makes a
+late step dearer than an early one. Doubling leaves up to half the buffer spare (257 slots read at position
+200); 16 spare slots leave at most 16 (209 read), for a copy of the cache every 16 steps.
 
 The decoder is fed the whole buffer, spare slots included, with a self-attention mask that hides them:
 mask columns 0..C-1 are the buffer's slots and column C is the step's own new token, which a decoder graph
@@ -21,8 +25,8 @@ import numpy as np
 
 from attnserve.server.manifest import StateSpec
 
-# Slots a buffer gets when it is first allocated; it doubles whenever it fills up.
-FIRST_CAPACITY = 16
+# Free slots a buffer gets beyond its used ones when it is allocated (first, full, or regathered).
+SPARE_SLOTS = 16
 
 
 class AppendCache:
@@ -120,10 +124,10 @@ class AppendCache:
     def _allocate(cls, specs, like: Mapping[str, np.ndarray], rows: int, length: int, spare_slots: bool,
                   at_least: int = 0) -> AppendCache:
         """An empty cache of `rows` rows whose buffers (shaped and typed like `like`'s) hold `length` used
-        slots and room to grow: doubling with spare slots, exactly `length` (or `at_least`) without."""
+        slots and room to grow: SPARE_SLOTS more with spare slots, exactly `length` (or `at_least`) without."""
         capacity = max(length, at_least)
         if spare_slots and capacity:
-            capacity = max(FIRST_CAPACITY, 2 * length, at_least)
+            capacity = max(length + SPARE_SLOTS, at_least)
         buffers = {}
         for spec in specs:
             shape = list(like[spec.input].shape)

@@ -74,13 +74,13 @@ def test_steps_reuse_the_buffers_until_they_fill(model):
     manifest, runtime = model
     recording = RecordingRuntime(runtime)
     batch = build(manifest, recording, SOURCES)
-    steps = kv_cache.FIRST_CAPACITY + 2
+    steps = kv_cache.SPARE_SLOTS + 2
     for _ in range(steps):
         batch.step(np.full(len(SOURCES), 9))
     name, axis = appended(manifest)[0], next(s.time_axis for s in manifest.state if s.update == "append")
     buffers = [f[name] for f in recording.feeds]
-    first = kv_cache.FIRST_CAPACITY
-    # One buffer for the first FIRST_CAPACITY steps, then one of twice the size: no copy per step.
+    first = kv_cache.SPARE_SLOTS
+    # One buffer for the first SPARE_SLOTS steps, then one SPARE_SLOTS longer: no copy per step.
     assert all(b is buffers[0] for b in buffers[:first])
     assert buffers[first] is not buffers[0] and buffers[first].shape[axis] == 2 * first
     assert all(b is buffers[first] for b in buffers[first:])
