@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 
 import torch
 
@@ -140,17 +141,32 @@ def training_lines(state: dict, cfg: dict) -> list[str]:
     """What this version's training did; a version continued from another says from which, and how far."""
     start = state.get("initialised_from")
     continued = []
-    if start:
+    if start and start.get("recovered_from"):
         continued = [
-            f"- Continued from {start.get('recovered_from') or start['checkpoint']} (weights recovered from its"
-            " ONNX graphs by `python -m attnserve.export.recover_weights`, equal to them to 3e-6), with a new"
-            " optimizer; the figures below are this phase's."
+            f"- Continued from {start['recovered_from']} (weights recovered from its ONNX graphs by `python -m"
+            " attnserve.export.recover_weights`, equal to them to 3e-6), with a new optimizer; the figures below"
+            " are this phase's."
         ]
+    elif start:
+        continued = [
+            f"- Continued from the checkpoint {pathlib.Path(start['checkpoint']).name} (step {start.get('step') or 0:,},"
+            f" {(start.get('tokens') or 0) / 1e6:.1f}M target tokens into its run), with a new optimizer; the figures"
+            " below are this phase's."
+        ]
+    extended = (start or {}).get("vocabulary_extended")
+    if extended:
+        continued.append(
+            f"- Vocabulary: the {extended['from']:,} BPE pieces plus {extended['added']:,} characters that were <unk>"
+            " (`python -m attnserve.export.extend_vocabulary`; their embeddings started as <unk>'s)."
+        )
+    devices = sorted({re.sub(r"^cpu \((\d+) threads?\)$", lambda m: f"{m[1]} CPU thread" + "s" * (m[1] != "1"),
+                             p["device"]) for p in state.get("phases", []) if p.get("device")})
+    where = ", ".join(devices) if devices else "2 shared CPU cores"
     return [
         *continued,
         f"- {state['step']:,} optimizer steps, {state['epoch']} full epochs + {state['batch_in_epoch']:,} batches,"
         f" {state['tokens'] / 1e6:.1f}M target tokens seen, {state['seconds'] / 60:.0f} minutes of compute"
-        f" ({state['tokens'] / max(state['seconds'], 1):.0f} target tokens/s on 2 shared CPU cores).",
+        f" ({state['tokens'] / max(state['seconds'], 1):.0f} target tokens/s on {where}).",
         *phase_lines(state),
         f"- AdamW (0.9, 0.98), inverse-square-root schedule with warm-up, label smoothing 0.1, dropout"
         f" {cfg['dropout']}, about 3,000 target tokens per step; best dev loss {state['best_dev']:.3f}"

@@ -239,7 +239,7 @@ def train(
     if start is not None:
         model.load_state_dict({k: v.float() for k, v in start["model"].items()})
         state["initialised_from"] = {"checkpoint": str(init_from), **{
-            k: start.get("state", {}).get(k) for k in ("recovered_from", "step", "tokens")}}
+            k: start.get("state", {}).get(k) for k in ("recovered_from", "step", "tokens", "vocabulary_extended")}}
         log.info("initialised from %s", init_from)
     last = run / "last.pt"
     if last.exists():
