@@ -55,8 +55,8 @@ def test_held_out_voices_are_transcribed(alone, examples):
     # The served version is undertrained (its card has the error rates of all held-out clips); a broken
     # export, feature change or decode loop writes unrelated or looping text, 100% and more.
     cer = error_rate([r.text for r in alone], [e["text"] for e in examples], "char")
-    # Measured: version 2 with joint CTC/attention decoding 0.44 (version 1, the speller alone cut by the CTC
-    # length hint: 0.64).
+    # Measured: version 3 0.27, version 2 0.44 (both with joint CTC/attention decoding; version 1, the speller
+    # alone cut by the CTC length hint: 0.64).
     assert cer < 0.55, [(r.text, e["text"]) for r, e in zip(alone, examples)]
 
 

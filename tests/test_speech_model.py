@@ -383,3 +383,15 @@ def test_evaluation_can_fuse_an_lm_the_model_does_not_ship(repo, tmp_path):
     assert load_manifest(folder / "manifest.json").language_model is None
     with pytest.raises(ValueError, match="has no language model"), decoding_variant(folder, None, True, None, 0.2):
         pass
+
+
+def test_the_card_says_whether_the_previous_version_was_scored_on_the_same_clips():
+    from attnserve.export.speech.model_card import comparison_lines
+
+    split = {"clips": 900, "hours": 0.72, "cer": 0.3, "wer": 0.6}
+    now = {"splits": {"test_seen": split}}
+    same = {"model": "models/speech-en/2", "beam_size": 1, "splits": {"test_seen": {**split, "cer": 0.4}}}
+    other = {**same, "splits": {"test_seen": {**split, "clips": 880}}}
+    assert "on the same test clips" in comparison_lines(now, same)[1]
+    assert "its own corpus build's test clips" in comparison_lines(now, other)[1]
+    assert comparison_lines(now, same)[-1] == "| test_seen | 40.0% | 30.0% | 60.0% | 60.0% |"

@@ -50,9 +50,12 @@ def comparison_lines(scores: dict, previous: dict | None) -> list[str]:
     """The previous version's scores beside these, split by split (each on its own corpus build's test clips)."""
     if previous is None:
         return []
-    lines = ["", f"Against the previous version ({previous['model']}, beam {previous['beam_size']}, scored on its own"
-             " corpus build's test clips: the same voices and the same held-out rule, other sentences):", "",
-             "| split | CER before | CER now | WER before | WER now |", "|---|---|---|---|---|"]
+    same = all(previous["splits"].get(name, {}).get(k) == s[k] for name, s in scores["splits"].items()
+               for k in ("clips", "hours"))
+    where = ("on the same test clips" if same else "on its own corpus build's test clips: the same voices and the "
+             "same held-out rule, other sentences")
+    lines = ["", f"Against the previous version ({previous['model']}, beam {previous['beam_size']}, scored {where}):",
+             "", "| split | CER before | CER now | WER before | WER now |", "|---|---|---|---|---|"]
     for name, s in scores["splits"].items():
         if name in previous["splits"]:
             p = previous["splits"][name]
