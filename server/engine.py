@@ -475,6 +475,11 @@ class EngineRegistry:
             engine.close(timeout)
 
 
+def _logit_classes(model: ModelVersion, runtime: Runtime) -> int | str | None:
+    """How many classes the decoder's logits have: a size, or the symbolic name of a dynamic axis."""
+    return runtime.decoder_signature.outputs[model.manifest.decoder.logits].shape[-1]
+
+
 def _open_language_model(model: ModelVersion, runtime: Runtime) -> NgramLanguageModel | None:
     """The manifest's LM for shallow fusion, or None.
 
@@ -485,7 +490,7 @@ def _open_language_model(model: ModelVersion, runtime: Runtime) -> NgramLanguage
     if spec is None:
         return None
     lm = NgramLanguageModel.load(model.path / spec.file)
-    classes = runtime.decoder_signature.outputs[model.manifest.decoder.logits].shape[-1]
+    classes = _logit_classes(model, runtime)
     if isinstance(classes, int) and classes != lm.vocab_size:
         raise ValueError(f"{model.path / spec.file}: the language model scores {lm.vocab_size} tokens, the decoder "
                          f"{classes}")
@@ -504,7 +509,7 @@ def load_engine(
     """
     runtime = open_runtime(model, runtime_options)
     tokenizer = Tokenizer.from_manifest(model.path, model.manifest)
-    classes = runtime.decoder_signature.outputs[model.manifest.decoder.logits].shape[-1]
+    classes = _logit_classes(model, runtime)
     if isinstance(classes, int) and classes > tokenizer.vocab_size:
         raise ValueError(
             f"{model.decoder_path}: logits have {classes} classes but {model.tokenizer_path} has only "
