@@ -26,7 +26,7 @@ from attnserve.server.generation import GenerationRequest
 from attnserve.server.repository import find_models
 
 TIMED = [(decoding.Batch, "build"), (decoding.Batch, "step"), (decoding.Batch, "select"), (decoding.Batch, "merge"),
-         (runtime.Runtime, "encode"), (runtime.Runtime, "decode_step"), (kv_cache.AppendCache, "concatenate")]
+         (runtime.Runtime, "encode"), (runtime.Runtime, "decode_step"), (kv_cache.AppendCache, "gather"), (decoding.Batch, "gathered")]
 
 
 def timed(seconds: collections.Counter, calls: collections.Counter, cls, name: str) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from attnserve.server.manifest import StateSpec
+from attnserve.server.rows import copy_rows
 
 # Free slots a buffer gets beyond its used ones when it is allocated (first, full, or regathered).
 SPARE_SLOTS = 16
@@ -80,35 +81,33 @@ class AppendCache:
         self._mask[:, self.length] = 1
         self.length += 1
 
-    def select(self, rows: np.ndarray) -> AppendCache:
-        """A new cache holding the given rows in order (repeats allowed), without the leading slots none
-        of them may attend."""
-        mask = self.mask[rows]
-        used = mask.any(axis=0)
-        cut = int(np.argmax(used)) if used.any() else self.length
-        length = self.length - cut
-        cache = self._allocate(self._specs, self._buffers, len(rows), length, self._spare_slots)
-        for spec in self._specs:
-            np.take(_slots(self._buffers[spec.input], spec, cut, self.length), rows, axis=spec.batch_axis,
-                    out=_slots(cache._buffers[spec.input], spec, 0, length), mode="clip")
-        cache._mask[:, :length] = mask[:, cut:]
-        return cache
-
     @classmethod
-    def concatenate(cls, caches: Sequence[AppendCache]) -> AppendCache:
-        """A new cache with the caches' rows in order; shorter ones are left-padded with hidden slots."""
-        first = caches[0]
-        length = max(c.length for c in caches)
-        rows = np.cumsum([0] + [len(c._mask) for c in caches])
-        cache = cls._allocate(first._specs, first._buffers, int(rows[-1]), length, first._spare_slots)
-        for part, start, stop in zip(caches, rows[:-1], rows[1:]):
+    def gather(cls, parts: Sequence[tuple[AppendCache, np.ndarray | None]]) -> AppendCache:
+        """A new cache holding, in order, the chosen rows of each cache (None: all of them, in order; repeats
+        allowed), each buffer written once. Leading slots that none of a part's chosen rows attends are
+        dropped; parts with fewer slots are left-padded with hidden ones."""
+        first = parts[0][0]
+        chosen = []  # (cache, rows, their mask over the kept slots, first kept slot)
+        for cache, rows in parts:
+            mask = cache.mask if rows is None else cache.mask[rows]
+            used = mask.any(axis=0)
+            cut = int(np.argmax(used)) if used.any() else cache.length
+            chosen.append((cache, rows, mask[:, cut:], cut))
+        length = max(mask.shape[1] for _, _, mask, _ in chosen)
+        total = sum(len(mask) for _, _, mask, _ in chosen)
+        out = cls._allocate(first._specs, first._buffers, total, length, first._spare_slots)
+        start = 0
+        for cache, rows, mask, cut in chosen:
+            stop, kept = start + len(mask), mask.shape[1]
             for spec in first._specs:
-                target = cache._buffers[spec.input]
-                index = [slice(None)] * target.ndim
-                index[spec.batch_axis], index[spec.time_axis] = slice(start, stop), slice(length - part.length, length)
-                target[tuple(index)] = _slots(part._buffers[spec.input], spec, 0, part.length)
-            cache._mask[start:stop, length - part.length : length] = part.mask
-        return cache
+                buffer = out._buffers[spec.input]
+                index = [slice(None)] * buffer.ndim
+                index[spec.batch_axis], index[spec.time_axis] = slice(start, stop), slice(length - kept, length)
+                source = _slots(cache._buffers[spec.input], spec, cut, cache.length)
+                copy_rows(buffer[tuple(index)], source, rows, spec.batch_axis)
+            out._mask[start:stop, length - kept : length] = mask
+            start = stop
+        return out
 
     def _grow(self) -> None:
         grown = self._allocate(self._specs, self._buffers, len(self._mask), self.length, self._spare_slots,

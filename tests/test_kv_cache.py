@@ -53,14 +53,14 @@ def reference_steps(manifest, runtime, sources, tokens: np.ndarray):
     d, names = manifest.decoder, appended(manifest)
     specs = {s.input: s for s in manifest.state}
     cache = {}  # name -> (B, ..., T, ...): starts empty, as the batch's buffers (their time axis cut to 0)
-    for name, buffer in batch._cache.feeds()[0].items():
+    for name, buffer in batch.gathered().cache.feeds()[0].items():
         shape = list(buffer.shape)
         shape[specs[name].time_axis] = 0
         cache[name] = np.zeros(shape, np.float32)
     b = len(sources)
     results = []
     for step, token in enumerate(tokens):
-        feeds = {**batch._static, **cache, d.input_ids: np.full((b, 1), token, dtype=np.int64),
+        feeds = {**batch.gathered().static, **cache, d.input_ids: np.full((b, 1), token, dtype=np.int64),
                  d.position_ids: np.full((b, 1), step, dtype=np.int64),
                  d.self_attention_mask: np.ones((b, step + 1), dtype=np.int64)}
         out = runtime.decode_step(feeds)

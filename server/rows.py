@@ -1,0 +1,26 @@
+"""Copying chosen rows of a tensor into part of another (numpy only): the one copy that batch gathering makes.
+
+Where the target is a strided view (a batch's rows padded along their source or time axis), numpy's
+`np.take(..., out=target)` first takes into a temporary and copies that back; filling it row by row copies
+once. Measured on a (28, 4, 40, 64) float32 block into a wider buffer: 300 us with np.take, 100-120 us row by
+row, 80 us for np.take into a contiguous target.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def copy_rows(target: np.ndarray, source: np.ndarray, rows: np.ndarray | None, axis: int) -> None:
+    """target[i] = source[rows[i]] along `axis` (rows None: every row, in order; repeats allowed).
+
+    `target` and `source` agree in every other axis; `target` has len(rows) rows.
+    """
+    if rows is None:
+        target[...] = source
+    elif target.flags.c_contiguous:
+        np.take(source, rows, axis=axis, out=target, mode="clip")
+    else:
+        into, source = np.moveaxis(target, axis, 0), np.moveaxis(source, axis, 0)
+        for i, row in enumerate(rows.tolist()):
+            into[i] = source[row]
