@@ -20,13 +20,14 @@ import threading
 import time
 
 from attnserve.export.train import read_pairs
-from attnserve.server import decoding, kv_cache, runtime
+from attnserve.server import decoding, kv_cache, runtime, slots
 from attnserve.server.engine import load_engine
 from attnserve.server.generation import GenerationRequest
 from attnserve.server.repository import find_models
 
 TIMED = [(decoding.Batch, "build"), (decoding.Batch, "step"), (decoding.Batch, "select"), (decoding.Batch, "merge"),
-         (runtime.Runtime, "encode"), (runtime.Runtime, "decode_step"), (kv_cache.AppendCache, "gather"), (decoding.Batch, "gathered")]
+         (runtime.Runtime, "encode"), (runtime.Runtime, "decode_step"), (kv_cache.AppendCache, "gather"),
+         (slots.Slots, "gather"), (slots.Slots, "place"), (slots.Slots, "copy")]
 
 
 def timed(seconds: collections.Counter, calls: collections.Counter, cls, name: str) -> None:

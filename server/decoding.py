@@ -35,8 +35,8 @@ from attnserve.server.manifest import Manifest, StateSpec
 from attnserve.server.ngram_lm import LanguageModelState, NgramLanguageModel
 from attnserve.server.output_rules import OutputRules
 from attnserve.server.preprocessing import EncoderBatch, Source
-from attnserve.server.rows import copy_rows
 from attnserve.server.runtime import Runtime
+from attnserve.server.slots import Slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,29 +88,19 @@ def _initial_state(spec: StateSpec, batch: int, width: int, tensors: Mapping[str
     return np.zeros(shape, dtype=spec.dtype)
 
 
-@dataclasses.dataclass
-class _Rows:
-    """Tensors of some rows, and which of their rows the batch holds: batch row i is their row rows[i]
-    (None: all of them, in order)."""
-
-    static: dict[str, np.ndarray]  # decoder input name -> tensor, batch along its spec's batch_axis
-    state: dict[str, np.ndarray]  # replaced state (an LSTM's h, c), decoder input name -> tensor
-    cache: AppendCache | None  # appended state
-    rows: np.ndarray | None = None
-
-
 class Batch:
     """The model-side tensors of rows decoded together, with explicit operations: build, step, select.
 
     Rows are independent: each has its own position, self-attention mask and source length, so filtering
     or reordering rows never changes what a row computes.
 
-    `select`, `merge` and `split` only record which rows of which tensors the batch holds; the next `step`
-    gathers them, each tensor in one copy. Under continuous batching rows leave after one step and newcomers
-    join before the next, so gathering at once copied every static tensor and the cache twice per step, and
-    once more per length bucket merged (measured on translate-zh-en 4 under 32 clients: select and merge
-    took 34% of the engine's time, the decoder call 36%).
+    Rows live in slots of the decoder's tensors (server/slots.py): a row that leaves frees its slot, a row
+    that joins takes a free one, and only when that cannot be done are the rows gathered into fresh tensors.
     """
+
+    # The last rows move into free slots when more than this share of the rows' number is free: free slots
+    # still cost decoder work (a lone row left in two slots costs it more), moving copies a row per hole.
+    FREE_SLOT_SHARE = 0.25
 
     def __init__(
         self,
@@ -127,10 +117,10 @@ class Batch:
         replaced = {name: x for name, x in state.items() if name not in in_cache}
         spare_slots = manifest.decoder.self_attention_mask is not None
         cache = AppendCache.start(appended, state, spare_slots) if appended else None
-        # The tensors the rows come from, in row order; one part with rows None once gathered.
-        self._parts = [_Rows(static, replaced, cache)]
-        self.source_lengths = source_lengths  # (B,) real source tokens per row
         b = len(source_lengths)
+        self._slots = Slots(manifest, static, replaced, cache, b)
+        self._row_slots = np.arange(b)  # (B,) each row's slot, all different
+        self.source_lengths = source_lengths  # (B,) real source tokens per row
         self.positions = np.zeros(b, dtype=np.int64)  # (B,) position of each row's next input token
         # (B,) most new tokens per row from the encoder's length hint (manifest encoder.length_hint), or None.
         self.length_budget: np.ndarray | None = None
@@ -183,30 +173,24 @@ class Batch:
 
     @property
     def self_mask(self) -> np.ndarray:
-        """(B, T) which cache slots each row may attend (T = 0 without a K/V cache)."""
-        cache = self.gathered().cache
-        return cache.mask if cache is not None else np.zeros((len(self), 0), dtype=np.int64)
+        """(B, T) which cache slots the rows may attend, without leading slots none of them attends (T = 0
+        without a K/V cache)."""
+        cache = self._slots.cache
+        if cache is None:
+            return np.zeros((len(self), 0), dtype=np.int64)
+        mask = cache.mask[self._row_slots]
+        used = mask.any(axis=0)
+        return mask[:, int(np.argmax(used)) if used.any() else mask.shape[1]:]
 
-    def gathered(self) -> _Rows:
-        """The batch's own tensors, every recorded select and merge applied (one copy of each tensor), source
-        padding that no row needs cut off."""
-        width = int(self.source_lengths.max()) if len(self) else 0
-        if len(self._parts) == 1 and self._parts[0].rows is None:
-            part = self._parts[0]  # cutting the source axis takes views, no copy
-            part.static = {s.target: _cut_source(part.static[s.target], s.source_axis, width)
-                           for s in self._manifest.static}
-            for spec in self._manifest.state:
-                if spec.update == "replace" and spec.source_axis is not None:
-                    part.state[spec.input] = _cut_source(part.state[spec.input], spec.source_axis, width)
-            return part
-        parts, rows = self._parts, [p.rows for p in self._parts]
-        static = {s.target: _gather_rows([p.static[s.target] for p in parts], rows, s.batch_axis, s.source_axis, width)
-                  for s in self._manifest.static}
-        state = {s.input: _gather_rows([p.state[s.input] for p in parts], rows, s.batch_axis, s.source_axis, width)
-                 for s in self._manifest.state if s.update == "replace"}
-        cache = AppendCache.gather([(p.cache, p.rows) for p in parts]) if parts[0].cache is not None else None
-        self._parts = [_Rows(static, state, cache)]
-        return self._parts[0]
+    @property
+    def slots(self) -> Slots:
+        """The tensors the rows live in (`slot_of_rows` says where)."""
+        return self._slots
+
+    @property
+    def slot_of_rows(self) -> np.ndarray:
+        """(B,) the slot of each row."""
+        return self._row_slots
 
     def step(self, input_ids: np.ndarray) -> StepOutput:
         """Runs one decoder step for every row and advances positions, masks and state.
@@ -214,38 +198,38 @@ class Batch:
         Args:
             input_ids: (B,) the newest token of each row.
         """
-        b = len(self)
-        d = self._manifest.decoder
-        part = self.gathered()
-        feeds = {**part.static, **part.state, d.input_ids: np.asarray(input_ids, dtype=np.int64).reshape(b, 1)}
+        d, slots, rows = self._manifest.decoder, self._slots, self._row_slots
+        compact = len(rows) == slots.size and bool(np.all(rows == np.arange(len(rows))))
+        feeds, self_mask = slots.feeds(live=rows)
+        ids = np.zeros((slots.size, 1), dtype=np.int64)  # a free slot decodes token 0 at position 0
+        ids[rows, 0] = input_ids
+        feeds[d.input_ids] = ids
         if d.position_ids is not None:
-            feeds[d.position_ids] = self.positions[:, None]  # (B, 1)
-        if part.cache is not None:
-            cached, self_mask = part.cache.feeds()
-            feeds.update(cached)
-            if d.self_attention_mask is not None:
-                feeds[d.self_attention_mask] = self_mask  # (B, C + 1): spare slots hidden, this step's token last
-        elif d.self_attention_mask is not None:
-            feeds[d.self_attention_mask] = np.ones((b, 1), dtype=np.int64)
+            positions = np.zeros((slots.size, 1), dtype=np.int64)
+            positions[rows, 0] = self.positions
+            feeds[d.position_ids] = positions
+        if d.self_attention_mask is not None:
+            # (S, C + 1): spare and hidden cache slots masked, this step's token last
+            feeds[d.self_attention_mask] = self_mask if self_mask is not None else np.ones((slots.size, 1), np.int64)
         if self._ctc is not None:  # the tokens chosen last step extend the CTC prefixes (not the start token)
             self._ctc.advance(input_ids, np.flatnonzero(self.positions > 0))
         if self._lm is not None:  # the LM's context includes the start token
             self._lm.advance(input_ids)
         out = self._runtime.decode_step(feeds)
-        for spec in self._manifest.state:
-            if spec.update == "replace":
-                part.state[spec.input] = out[spec.output]
-        if part.cache is not None:
-            part.cache.append(out)
+        slots.update(out)
         self.positions = self.positions + 1
-        logits = out[d.logits]  # (B, V)
+        logits, attention = out[d.logits], out[self._manifest.attention.output]  # (S, V), (S, L, H, width)
+        if not compact:
+            logits, attention = logits[rows], attention[rows]
+        width = int(self.source_lengths.max()) if len(self) else 0
+        attention = attention[..., :width]  # the tensors may be wider than the rows' sources
         if self._ctc is not None:
             logits = self._joint_scores(logits)
         if self._lm is not None:
             logits = self._fused_scores(logits)
         if self._manifest.special_tokens.suppress:
             logits[:, list(self._manifest.special_tokens.suppress)] = -np.inf  # tokens never to emit
-        return StepOutput(logits, out[self._manifest.attention.output])
+        return StepOutput(logits, attention)
 
     def _joint_scores(self, logits: np.ndarray) -> np.ndarray:
         """(B, V) logits -> (1 - w) log p_decoder + w x CTC prefix score of each extension (Watanabe et al.
@@ -267,8 +251,9 @@ class Batch:
     def select(self, rows: np.ndarray) -> None:
         """Keeps the given rows, in the given order; a row may appear more than once (beam search).
 
-        Every static and state tensor is to be gathered along its manifest batch axis (at the next step), and
-        source padding that no remaining row needs cut off, so later steps attend over fewer columns.
+        The rows that leave free their slots; a row kept again gets a copy in a free slot. Too many free slots
+        (or too few for the copies) and the rows are gathered into fresh tensors, along each tensor's manifest
+        batch axis, without source padding that no remaining row needs.
 
         Args:
             rows: (B',) indices into the current rows.
@@ -276,16 +261,26 @@ class Batch:
         rows = np.asarray(rows, dtype=np.intp)
         if len(rows) == len(self) and np.array_equal(rows, np.arange(len(self))):
             return
-        if len(self._parts) > 1:  # rows of several parts: gather them first (rare: a select before a step)
-            self.gathered()
-        part = self._parts[0]
-        part.rows = rows if part.rows is None else part.rows[rows]
         if self._ctc is not None:
             self._ctc.select(rows)
         if self._lm is not None:
             self._lm.select(rows)
         self.source_lengths = self.source_lengths[rows]
         self.positions = self.positions[rows]
+        slots = self._row_slots[rows]
+        _, first = np.unique(slots, return_index=True)
+        repeated = np.setdiff1d(np.arange(len(slots)), first)  # copies of a row kept before them
+        if len(repeated):
+            targets = self._slots.take(len(repeated), slots)
+            if targets is None:  # no room for the copies: every row into fresh tensors
+                self._slots = Slots.gather(self._manifest, [(self._slots, slots)], self._width(), spare=True)
+                self._row_slots = np.arange(len(slots))
+                return
+            self._slots.copy(slots[repeated], targets)
+            slots[repeated] = targets
+        if self._slots.size - len(slots) > self.FREE_SLOT_SHARE * len(slots):
+            slots = self._slots.compact(slots)
+        self._row_slots = slots
 
     def filter(self, keep_rows: np.ndarray) -> None:
         """Drops every row not in `keep_rows` (ascending, unique): finished requests leave the batch."""
@@ -298,76 +293,60 @@ class Batch:
         """Appends the other batches' rows, in order (continuous batching: requests admitted while this
         batch runs; requests encoded in several length buckets). The other batches are left empty.
 
-        Static tensors and source-shaped state are zero-padded along their source axis, appended state
-        (a K/V cache) is left-padded along its time axis with slots the self-attention mask hides, so
-        every row computes what it would alone. Each tensor is copied once, at the next step, however many
-        batches join and rows leave before it.
+        The newcomers are written into free slots (static tensors and source-shaped state zero-padded along
+        their source axis; appended state, a K/V cache, aligned to the newest slot, earlier ones hidden by
+        the self-attention mask), so every row computes what it would alone. Where they do not fit, every row
+        is gathered into fresh tensors, each copied once.
         """
-        for other in others:
-            self._parts.extend(other._parts)
-            other._parts = []
         parts = (self, *others)
+        targets = None
+        if all(self._slots.fits(b._slots, b._row_slots, b._width()) for b in others):
+            targets = self._slots.take(sum(len(b) for b in others), self._row_slots)
+        if targets is not None:
+            start = 0
+            for b in others:
+                self._slots.place(targets[start : start + len(b)], b._slots, b._row_slots, b._width())
+                start += len(b)
+            self._row_slots = np.concatenate([self._row_slots, targets])
+        else:  # every row into fresh tensors, with room for the next newcomers
+            width = max(b._width() for b in parts)
+            self._slots = Slots.gather(self._manifest, [(b._slots, b._row_slots) for b in parts], width, spare=True)
+            self._row_slots = np.arange(self._slots.size)
         if self._ctc is not None:
             self._ctc = CTCPrefixScorer.concatenate([b._ctc for b in parts])
         if self._lm is not None:
             self._lm = LanguageModelState.concatenate([b._lm for b in parts])
         self.positions = np.concatenate([b.positions for b in parts])
         self.source_lengths = np.concatenate([b.source_lengths for b in parts])
-        for other in others:
-            other.positions, other.source_lengths = other.positions[:0], other.source_lengths[:0]
+        for b in others:
+            b._row_slots, b.positions, b.source_lengths = b._row_slots[:0], b.positions[:0], b.source_lengths[:0]
 
     def split(self, rows: np.ndarray) -> Batch:
         """Moves the given rows (ascending) out into a new batch; this one keeps the others, in order."""
         rows = np.asarray(rows, dtype=np.intp)
-        if len(self._parts) > 1:
-            self.gathered()
-        part = self._parts[0]
-        held = part.rows if part.rows is not None else np.arange(len(self))
         other = copy.copy(self)
-        # Both sides name their rows explicitly, so each gathers its own tensors before writing any.
-        other._parts = [dataclasses.replace(part, rows=held)]
-        self._parts = [dataclasses.replace(part, rows=held)]
         if self._ctc is not None:  # select() gathers in place: each side needs its own scorer
             other._ctc = copy.copy(self._ctc)
         if self._lm is not None:
             other._lm = copy.copy(self._lm)
-        other.select(rows)
+        other._row_slots = self._row_slots[rows]
+        other.source_lengths, other.positions = self.source_lengths[rows], self.positions[rows]
+        other._regather(other._row_slots)  # its own tensors
+        if other._ctc is not None:
+            other._ctc.select(rows)
+        if other._lm is not None:
+            other._lm.select(rows)
         self.select(np.setdiff1d(np.arange(len(self)), rows))
         return other
 
+    def _width(self) -> int:
+        """Source positions the rows need: the longest row's."""
+        return int(self.source_lengths.max()) if len(self) else 0
 
-def _cut_source(x: np.ndarray, axis: int, width: int) -> np.ndarray:
-    """x without the source positions from `width` on (padding no remaining row needs)."""
-    if x.shape[axis] <= width:
-        return x
-    index = [slice(None)] * x.ndim
-    index[axis] = slice(0, width)
-    return x[tuple(index)]
-
-
-def _gather_rows(tensors: list[np.ndarray], rows: list[np.ndarray | None], batch_axis: int,
-                 source_axis: int | None, width: int) -> np.ndarray:
-    """One tensor holding, in order, the chosen rows of each tensor (None: all, in order), written once; its
-    source axis (if it has one) cut or zero-padded to `width` (padding is masked)."""
-    if source_axis is not None:
-        tensors = [_cut_source(x, source_axis, width) for x in tensors]
-    sizes = [x.shape[batch_axis] if r is None else len(r) for x, r in zip(tensors, rows)]
-    shape = list(tensors[0].shape)
-    shape[batch_axis] = sum(sizes)
-    padded = False
-    if source_axis is not None:
-        shape[source_axis] = width
-        padded = any(x.shape[source_axis] < width for x in tensors)
-    out = (np.zeros if padded else np.empty)(shape, dtype=tensors[0].dtype)
-    start = 0
-    for x, r, size in zip(tensors, rows, sizes):
-        index = [slice(None)] * out.ndim
-        index[batch_axis] = slice(start, start + size)
-        if source_axis is not None:
-            index[source_axis] = slice(0, x.shape[source_axis])
-        copy_rows(out[tuple(index)], x, r, batch_axis)
-        start += size
-    return out
+    def _regather(self, slots: np.ndarray) -> None:
+        """The rows (already selected: row i is slot slots[i]) move into fresh tensors of exactly their size."""
+        self._slots = Slots.gather(self._manifest, [(self._slots, slots)], self._width())
+        self._row_slots = np.arange(len(slots))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from attnserve.server.manifest import StateSpec
-from attnserve.server.rows import copy_rows
+from attnserve.server.rows import axis_slice, copy_rows, row_view
 
 # Free slots a buffer gets beyond its used ones when it is allocated (first, full, or regathered).
 SPARE_SLOTS = 16
@@ -66,36 +66,66 @@ class AppendCache:
         """(B, T) which of the used slots each row may attend."""
         return self._mask[:, : self.length]
 
-    def feeds(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def feeds(self, live: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The decoder's state inputs (whole buffers) and its (B, C + 1) self-attention mask, this step's
-        token last. Makes room for the step's new slot first."""
+        token last. Makes room for the step's new slot first, dropping leading slots that no `live` row
+        (None: every row) attends."""
         if self.length == self.capacity:
-            self._grow()
+            self._grow(live)
         return dict(self._buffers), self._mask
 
-    def append(self, outputs: Mapping[str, np.ndarray]) -> None:
-        """Writes a step's new slot (each spec's output, one position along its time axis) in place."""
+    def copy(self, sources: np.ndarray, targets: np.ndarray) -> None:
+        """Row targets[i] becomes a copy of row sources[i], slots and mask; no target is a source."""
         for spec in self._specs:
+            view = np.moveaxis(self._buffers[spec.input], spec.batch_axis, 0)
+            view[targets] = view[sources]
+        self._mask[targets] = self._mask[sources]
+
+    def fits(self, other: AppendCache, rows: np.ndarray) -> bool:
+        """Whether `place` can take these rows of `other`: they attend no more slots than this cache has, and
+        this cache can hide slots (a decoder without a self-attention mask cannot)."""
+        return self._spare_slots and self.length >= _kept(other.mask[rows])[1]
+
+    def place(self, targets: np.ndarray, other: AppendCache, rows: np.ndarray) -> None:
+        """Writes row rows[i] of `other` into row targets[i]: its slots right-aligned to this cache's used
+        ones, every other slot of the row zeroed and hidden. Check `fits` first."""
+        mask, kept = _kept(other.mask[rows])
+        cut = other.length - kept
+        for spec in self._specs:
+            for target, row in zip(targets.tolist(), rows.tolist()):
+                into = row_view(self._buffers[spec.input], spec.batch_axis, target)
+                source = row_view(other._buffers[spec.input], spec.batch_axis, row)
+                axis = spec.time_axis - (spec.time_axis > spec.batch_axis)
+                into[...] = 0
+                axis_slice(into, axis, self.length - kept, self.length)[...] = axis_slice(source, axis, cut, other.length)
+        self._mask[targets, : self.capacity] = 0
+        self._mask[targets, self.length - kept : self.length] = mask
+
+    def append(self, outputs: Mapping[str, np.ndarray]) -> None:
+        """Writes a step's new slot (each spec's output, one position along its time axis) in place. The
+        outputs may cover only the first rows (a batch feeds the decoder the rows it uses)."""
+        for spec in self._specs:
+            new = np.take(outputs[spec.output], 0, axis=spec.time_axis)
+            rows = new.shape[spec.batch_axis - (spec.batch_axis > spec.time_axis)]
             buffer = self._buffers[spec.input]
-            buffer[_time_index(spec, self.length, buffer.ndim)] = np.take(outputs[spec.output], 0, axis=spec.time_axis)
+            axis_slice(buffer, spec.batch_axis, 0, rows)[_time_index(spec, self.length, buffer.ndim)] = new
         self._mask[:, self.length] = 1
         self.length += 1
 
     @classmethod
-    def gather(cls, parts: Sequence[tuple[AppendCache, np.ndarray | None]]) -> AppendCache:
+    def gather(cls, parts: Sequence[tuple[AppendCache, np.ndarray | None]], capacity: int = 0) -> AppendCache:
         """A new cache holding, in order, the chosen rows of each cache (None: all of them, in order; repeats
-        allowed), each buffer written once. Leading slots that none of a part's chosen rows attends are
-        dropped; parts with fewer slots are left-padded with hidden ones."""
+        allowed), each buffer written once, in `capacity` rows (at least as many as chosen; the rest empty).
+        Leading slots that none of a part's chosen rows attends are dropped; parts with fewer slots are
+        left-padded with hidden ones."""
         first = parts[0][0]
         chosen = []  # (cache, rows, their mask over the kept slots, first kept slot)
         for cache, rows in parts:
-            mask = cache.mask if rows is None else cache.mask[rows]
-            used = mask.any(axis=0)
-            cut = int(np.argmax(used)) if used.any() else cache.length
-            chosen.append((cache, rows, mask[:, cut:], cut))
+            mask, kept = _kept(cache.mask if rows is None else cache.mask[rows])
+            chosen.append((cache, rows, mask, cache.length - kept))
         length = max(mask.shape[1] for _, _, mask, _ in chosen)
         total = sum(len(mask) for _, _, mask, _ in chosen)
-        out = cls._allocate(first._specs, first._buffers, total, length, first._spare_slots)
+        out = cls._allocate(first._specs, first._buffers, max(total, capacity), length, first._spare_slots)
         start = 0
         for cache, rows, mask, cut in chosen:
             stop, kept = start + len(mask), mask.shape[1]
@@ -109,15 +139,19 @@ class AppendCache:
             start = stop
         return out
 
-    def _grow(self) -> None:
-        grown = self._allocate(self._specs, self._buffers, len(self._mask), self.length, self._spare_slots,
-                               at_least=self.capacity + 1)
+    def _grow(self, live: np.ndarray | None) -> None:
+        cut = 0
+        if self._spare_slots:  # slots no live row attends go (rows that are not live are never read)
+            cut = self.length - _kept(self.mask if live is None else self.mask[live])[1]
+        length = self.length - cut
+        grown = self._allocate(self._specs, self._buffers, len(self._mask), length, self._spare_slots,
+                               at_least=length + 1)
         for spec in self._specs:
-            grown._buffers[spec.input][_time_index(spec, slice(0, self.length), self._buffers[spec.input].ndim)] = (
-                _slots(self._buffers[spec.input], spec, 0, self.length)
+            grown._buffers[spec.input][_time_index(spec, slice(0, length), self._buffers[spec.input].ndim)] = (
+                _slots(self._buffers[spec.input], spec, cut, self.length)
             )
-        grown._mask[:, : self.length] = self.mask
-        self._buffers, self._mask, self.capacity = grown._buffers, grown._mask, grown.capacity
+        grown._mask[:, :length] = self.mask[:, cut:]
+        self._buffers, self._mask, self.capacity, self.length = grown._buffers, grown._mask, grown.capacity, length
 
     @classmethod
     def _allocate(cls, specs, like: Mapping[str, np.ndarray], rows: int, length: int, spare_slots: bool,
@@ -135,6 +169,13 @@ class AppendCache:
         mask = np.zeros((rows, capacity + 1), dtype=np.int64)
         mask[:, capacity] = 1  # the step's own token
         return cls(specs, buffers, mask, length, spare_slots)
+
+
+def _kept(mask: np.ndarray) -> tuple[np.ndarray, int]:
+    """(B, T) mask -> the mask without its leading slots that no row attends, and how many slots it keeps."""
+    used = mask.any(axis=0)
+    cut = int(np.argmax(used)) if used.any() else mask.shape[1]
+    return mask[:, cut:], mask.shape[1] - cut
 
 
 def _time_index(spec: StateSpec, where, ndim: int) -> tuple:

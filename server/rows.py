@@ -1,4 +1,4 @@
-"""Copying chosen rows of a tensor into part of another (numpy only): the one copy that batch gathering makes.
+"""Copying chosen rows of a tensor into part of another, and views of rows and ranges along an axis (numpy only).
 
 Where the target is a strided view (a batch's rows padded along their source or time axis), numpy's
 `np.take(..., out=target)` first takes into a temporary and copies that back; filling it row by row copies
@@ -24,3 +24,17 @@ def copy_rows(target: np.ndarray, source: np.ndarray, rows: np.ndarray | None, a
         into, source = np.moveaxis(target, axis, 0), np.moveaxis(source, axis, 0)
         for i, row in enumerate(rows.tolist()):
             into[i] = source[row]
+
+
+def row_view(x: np.ndarray, axis: int, row: int) -> np.ndarray:
+    """A view of one row of `x` along `axis` (that axis removed)."""
+    index = [slice(None)] * x.ndim
+    index[axis] = row
+    return x[tuple(index)]
+
+
+def axis_slice(x: np.ndarray, axis: int, start: int, stop: int | None) -> np.ndarray:
+    """A view of x[start:stop] along `axis`."""
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(start, stop)
+    return x[tuple(index)]

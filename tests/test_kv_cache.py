@@ -53,14 +53,14 @@ def reference_steps(manifest, runtime, sources, tokens: np.ndarray):
     d, names = manifest.decoder, appended(manifest)
     specs = {s.input: s for s in manifest.state}
     cache = {}  # name -> (B, ..., T, ...): starts empty, as the batch's buffers (their time axis cut to 0)
-    for name, buffer in batch.gathered().cache.feeds()[0].items():
+    for name, buffer in batch.slots.cache.feeds()[0].items():
         shape = list(buffer.shape)
         shape[specs[name].time_axis] = 0
         cache[name] = np.zeros(shape, np.float32)
     b = len(sources)
     results = []
     for step, token in enumerate(tokens):
-        feeds = {**batch.gathered().static, **cache, d.input_ids: np.full((b, 1), token, dtype=np.int64),
+        feeds = {**batch.slots.static, **cache, d.input_ids: np.full((b, 1), token, dtype=np.int64),
                  d.position_ids: np.full((b, 1), step, dtype=np.int64),
                  d.self_attention_mask: np.ones((b, step + 1), dtype=np.int64)}
         out = runtime.decode_step(feeds)
@@ -79,11 +79,12 @@ def test_steps_reuse_the_buffers_until_they_fill(model):
         batch.step(np.full(len(SOURCES), 9))
     name, axis = appended(manifest)[0], next(s.time_axis for s in manifest.state if s.update == "append")
     buffers = [f[name] for f in recording.feeds]
+    memory = [b.__array_interface__["data"][0] for b in buffers]  # the decoder is fed views of the buffer
     first = kv_cache.SPARE_SLOTS
     # One buffer for the first SPARE_SLOTS steps, then one SPARE_SLOTS longer: no copy per step.
-    assert all(b is buffers[0] for b in buffers[:first])
-    assert buffers[first] is not buffers[0] and buffers[first].shape[axis] == 2 * first
-    assert all(b is buffers[first] for b in buffers[first:])
+    assert all(m == memory[0] for m in memory[:first]) and buffers[0].shape[axis] == first
+    assert memory[first] != memory[0] and buffers[first].shape[axis] == 2 * first
+    assert all(m == memory[first] for m in memory[first:])
     # The mask shows each step the slots written so far and its own token (the last column), nothing else.
     for step, feeds in enumerate(recording.values):
         mask = feeds[manifest.decoder.self_attention_mask]
@@ -133,3 +134,55 @@ def test_merged_dropped_and_repeated_rows_keep_their_own_slots(model):
         rows, starts = rows[keep], starts[keep]
     # The late row was left-padded by 5 slots; once the rows that used them left, the padding went too.
     assert batch.self_mask.shape == (2, len(tokens) - late) and batch.self_mask.all()
+
+
+def data_address(x: np.ndarray) -> int:
+    return x.__array_interface__["data"][0]
+
+
+def test_a_newcomer_takes_a_finished_rows_slot_and_the_others_stay_put(model):
+    """Continuous batching's usual step: a row finishes, another joins. The newcomer is written into the freed
+    slot (server/slots.py) while the rows that stay are not copied, and every row computes what it would alone."""
+    manifest, runtime = model
+    tokens = np.array([4, 9, 10, 11, 12, 13, 9, 9, 14, 15] * 2)
+    alone = [reference_steps(manifest, runtime, [s], tokens) for s in SOURCES]
+    rows, starts = np.array([0, 2, 1, 0, 2]), np.zeros(5, dtype=np.int64)  # each row's source and first step
+    batch = build(manifest, runtime, [SOURCES[i] for i in rows])
+    static = manifest.static[1].target  # a cross-attention K tensor
+    for step in range(len(tokens)):
+        if step == 4:  # row 0 leaves, a row of source 1 joins: it takes row 0's slot
+            before = data_address(batch.slots.static[static]), batch.slots.size
+            batch.filter(np.arange(1, 5))
+            batch.merge(build(manifest, runtime, [SOURCES[1]]))
+            rows, starts = np.append(rows[1:], 1), np.append(starts[1:], step)
+            assert (data_address(batch.slots.static[static]), batch.slots.size) == before
+            np.testing.assert_array_equal(batch.slot_of_rows, [1, 2, 3, 4, 0])
+        if step == 9:  # three rows leave: the last row's slot moves into a hole, the decoder runs 2 slots
+            batch.filter(np.array([0, 4]))
+            rows, starts = rows[[0, 4]], starts[[0, 4]]
+            assert batch.slots.size == 2 and sorted(batch.slot_of_rows) == [0, 1]
+        row_steps = step - starts
+        got = batch.step(tokens[row_steps])
+        for row, source in enumerate(rows):
+            np.testing.assert_allclose(got.logits[row], alone[source][row_steps[row]][0][0], atol=ATOL)
+            width = len(SOURCES[source])
+            np.testing.assert_allclose(got.attention[row][..., :width], alone[source][row_steps[row]][1][0], atol=ATOL)
+
+
+def test_a_beam_kept_twice_is_copied_into_a_free_slot(model):
+    """Beam search keeps a row twice: the copy goes into a slot a dropped beam freed, not into fresh tensors,
+    and both copies then compute what the row would alone."""
+    manifest, runtime = model
+    tokens = np.array([4, 9, 10, 11, 12, 13, 9, 9, 14, 15])
+    alone = reference_steps(manifest, runtime, [SOURCES[2]], tokens)
+    batch = build(manifest, runtime, [SOURCES[2]] * 4)
+    static = manifest.static[1].target
+    for step in range(len(tokens)):
+        if step == 3:
+            before = data_address(batch.slots.static[static])
+            batch.select(np.array([2, 2, 0, 3]))  # beam 1 dropped, beam 2 kept twice
+            assert data_address(batch.slots.static[static]) == before and batch.slots.size == 4
+            assert sorted(batch.slot_of_rows) == [0, 1, 2, 3]
+        got = batch.step(np.full(len(batch), tokens[step]))
+        for row in range(len(batch)):
+            np.testing.assert_allclose(got.logits[row], alone[step][0][0], atol=ATOL)

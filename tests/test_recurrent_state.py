@@ -314,12 +314,14 @@ def served_steps(engine, prepared: list[PreparedRequest], tamper=None) -> list[l
     batch = Batch.build(engine.manifest, runtime, engine.preprocessor.collate([p.source for p in prepared]))
     strategy = GreedySearch(prepared, engine.manifest.special_tokens.eos)
     alive = list(range(len(prepared)))  # greedy keeps the remaining rows in request order
+    slots = batch.slot_of_rows.copy()  # where each row sits in the next decoder call's tensors
     steps = [[] for _ in prepared]
     for events, (fed, out) in zip(decode(batch, strategy), _calls(runtime)):
-        for row, i in enumerate(alive):
-            steps[i].append(({k: v[row] for k, v in fed.items()}, {k: v[row] for k, v in out.items()}))
+        for slot, i in zip(slots, alive):
+            steps[i].append(({k: v[slot] for k, v in fed.items()}, {k: v[slot] for k, v in out.items()}))
         done = {h.index for h in events.finished}
         alive = [i for i in alive if i not in done]
+        slots = batch.slot_of_rows.copy()
     return steps
 
 
@@ -359,7 +361,7 @@ def test_a_loop_that_never_feeds_the_state_back_fails_the_comparison(engine, wei
 
     def keep_initial_state(feeds, call):
         if call == 0:
-            first.update({k: feeds[k] for k in STATE})
+            first.update({k: feeds[k].copy() for k in STATE})  # the batch writes new state in place
         return feeds | first
 
     with pytest.raises(AssertionError, match="fed into step 1"):
