@@ -13,9 +13,10 @@ directions, greedy, no attention) over `GenerateStream`, wait for its end, and s
 `--seconds`; the levels alternate between the servers so that a slow spell on a shared machine hits all. Reported per server and level: requests/s, generated tokens/s, latency
 p50/p95/p99 and time to first token p50/p95 (both from the client's send), and the server's peak RSS.
 
-Also reported: `batching_gain` (batched / unbatched tokens/s at each level) and `grpc_over_in_process`
-(one client's median latency over gRPC / the same requests' median latency through `ModelEngine.generate`
-in this process, one at a time).
+Also reported: `batching_gain` (batched / unbatched tokens/s at each level), and from `--paired-requests`
+requests sent one at a time, each in turn through `ModelEngine.generate` in this process, unary `Generate`
+and `GenerateStream` to the batched server: `grpc_over_in_process` (unary median latency / in-process median
+latency: what the server adds to a lone request) and `grpc_stream_over_in_process` (the same, streamed).
 """
 
 from __future__ import annotations
@@ -131,17 +132,29 @@ async def closed_loop(address: str, requests: list[GenerationRequest], clients: 
     }
 
 
-def in_process_latency_ms(models: pathlib.Path, model: str, requests: list[GenerationRequest], count: int) -> float:
-    engine = load_engine(find_models(models)[model])
+async def paired_latency_ms(address: str, models: pathlib.Path, model: str, requests: list[GenerationRequest],
+                            count: int) -> dict:
+    """The same `count` requests one at a time, each sent three ways in turn: `ModelEngine.generate` in this
+    process, unary `Generate` and `GenerateStream` (read to its end) over gRPC; each way's median latency.
+    Interleaving per request keeps a slow spell of the machine from favouring one way."""
+    engine = load_engine(find_models(models, only=[model])[model])
+    times = {"in_process": [], "grpc_unary": [], "grpc_stream": []}
     try:
-        times = []
-        for request in requests[:count]:
-            started = time.perf_counter()
-            engine.generate(request, 600)
-            times.append(time.perf_counter() - started)
-        return 1e3 * statistics.median(times)
+        async with AsyncClient(address, timeout=600) as client:
+            for request in requests[:count]:
+                started = time.perf_counter()
+                engine.generate(request, 600)
+                times["in_process"].append(time.perf_counter() - started)
+                started = time.perf_counter()
+                await client.generate(request)
+                times["grpc_unary"].append(time.perf_counter() - started)
+                started = time.perf_counter()
+                async for _ in client.stream(request):
+                    pass
+                times["grpc_stream"].append(time.perf_counter() - started)
     finally:
         engine.close()
+    return {way: 1e3 * statistics.median(xs) for way, xs in times.items()}
 
 
 def main() -> None:
@@ -157,6 +170,8 @@ def main() -> None:
                              "of one model would)")
     parser.add_argument("--hold-steps", type=int, default=0,
                         help="also run a third server, `held`, with --admission-hold-steps N")
+    parser.add_argument("--paired-requests", type=int, default=200,
+                        help="requests sent one at a time in process, unary and streamed (grpc_over_in_process)")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
 
@@ -164,7 +179,6 @@ def main() -> None:
     requests = [r for _, zh in pairs for r in [GenerationRequest(args.model, zh, "en")]] + [
         GenerationRequest(args.model, en, "zh-TW") for en, _ in pairs]
     requests = requests[0::2] + requests[1::2]  # mix the directions and lengths
-    in_process = in_process_latency_ms(args.models, args.model, requests, 100)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     only = [] if args.all_models else ["--model", args.model]
     servers = {"batched": ServerProcess(args.models, only),
@@ -176,6 +190,8 @@ def main() -> None:
     try:
         for server in servers.values():  # warm-up: the first requests load lazily-built state
             asyncio.run(closed_loop(server.address, requests, 4, 2.0))
+        single = asyncio.run(paired_latency_ms(servers["batched"].address, args.models, args.model, requests,
+                                               args.paired_requests))
         for clients in args.clients:
             for name, server in servers.items():
                 levels[name][clients] = asyncio.run(closed_loop(server.address, requests, clients, args.seconds))
@@ -191,10 +207,11 @@ def main() -> None:
         "levels": levels,
         "server_peak_rss_mb": rss,
         "servers_load": "every model" if args.all_models else args.model,
-        "in_process_latency_p50_ms": in_process,
+        "single_request_latency_p50_ms": single,
         "batching_gain": {c: levels["batched"][c]["tokens_per_s"] / levels["unbatched"][c]["tokens_per_s"]
                           for c in args.clients},
-        "grpc_over_in_process": (levels["batched"][1]["latency_p50_ms"] / in_process) if 1 in args.clients else None,
+        "grpc_over_in_process": single["grpc_unary"] / single["in_process"],
+        "grpc_stream_over_in_process": single["grpc_stream"] / single["in_process"],
     }
     print(json.dumps(report, indent=2))
     print("\n| server | clients | tokens/s | requests/s | p50 / p95 / p99 latency | first token p50 / p95 |")
