@@ -17,7 +17,9 @@ hits all of them:
   `translate_batch` with max_batch_size 32, which sorts by length itself).
 The report gives the median seconds, generated tokens per second and every system's speed relative to
 CTranslate2 float32. `--int8-models` adds attnserve's int8 variant (a copy of models/ that
-`attnserve.export.quantize` was run on).
+`attnserve.export.quantize` was run on). PyTorch eager runs the same recovered weights too, for the record
+(`Transformer.greedy_decode`, one thread): with its K/V cache, and without (the decoder rerun over the whole
+prefix at every step); `batch_32` pads 32 sentences of similar length together. `--no-pytorch` leaves it out.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ import time
 
 import ctranslate2
 import numpy as np
+import torch
 from ctranslate2.converters.converter import Converter
 from ctranslate2.specs import common_spec, transformer_spec
 from tokenizers import Tokenizer
 
-from attnserve.export.model import TransformerConfig, sinusoidal_positions
+from attnserve.export.model import Transformer, TransformerConfig, sinusoidal_positions
 from attnserve.export.recover_weights import recover
 from attnserve.export.train import read_pairs
 from attnserve.server.batcher import BatchingOptions
@@ -142,6 +145,38 @@ class CTranslate2System:
         return [r.hypotheses[0] for r in results]  # the language token (the start) is not in them
 
 
+class PyTorchSystem:
+    """The recovered weights in PyTorch eager, greedy (`Transformer.greedy_decode`), with or without its cache."""
+
+    def __init__(self, checkpoint: dict, prepared: list, eos: int, suppress: list[int], max_new_tokens: int,
+                 vocabulary: list[str], use_cache: bool):
+        self._model = Transformer(TransformerConfig(**checkpoint["config"]))
+        self._model.load_state_dict(checkpoint["model"])
+        self._model.eval()
+        self._prepared, self._eos, self._suppress = prepared, eos, suppress
+        self._max_new_tokens, self._vocabulary, self._use_cache = max_new_tokens, vocabulary, use_cache
+
+    def translate(self, together: bool) -> list[list[str]]:
+        order = sorted(range(len(self._prepared)), key=lambda i: self._prepared[i].source.length)
+        groups = [order[i : i + 32] for i in range(0, len(order), 32)] if together else [[i] for i in order]
+        out: list[list[str]] = [[] for _ in self._prepared]
+        for group in groups:
+            rows = [self._prepared[i] for i in group]
+            width = max(p.source.length for p in rows)
+            ids = torch.zeros((len(rows), width), dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for r, p in enumerate(rows):
+                ids[r, : p.source.length] = torch.tensor(list(p.source.ids))
+                mask[r, : p.source.length] = 1
+            starts = torch.tensor([p.start_id for p in rows])
+            with torch.inference_mode():
+                tokens, _ = self._model.greedy_decode(ids, mask, starts, self._eos, self._max_new_tokens,
+                                                      use_cache=self._use_cache, suppress_ids=self._suppress)
+            for i, row in zip(group, tokens):
+                out[i] = [self._vocabulary[t] for t in row]
+        return out
+
+
 class AttnserveSystem:
     def __init__(self, engine):
         self._engine = engine
@@ -162,8 +197,10 @@ def main() -> None:
     parser.add_argument("--split", type=pathlib.Path, default=pathlib.Path("data/corpus/test.tsv"))
     parser.add_argument("--sentences", type=int, default=128, help="half zh->en, half en->zh")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-pytorch", action="store_true", help="leave PyTorch eager out")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
+    torch.set_num_threads(1)
 
     version = find_models(args.models)[args.model]
     manifest = version.manifest
@@ -188,11 +225,19 @@ def main() -> None:
             systems[f"ctranslate2 {compute_type}"] = CTranslate2System(
                 out, compute_type, suppress, manifest.limits.max_new_tokens)
         systems.update({name: AttnserveSystem(engine) for name, engine in engines.items()})
+        if not args.no_pytorch:
+            checkpoint = recover(version.path)
+            for name, use_cache in (("pytorch eager, cached", True), ("pytorch eager, uncached", False)):
+                systems[name] = PyTorchSystem(checkpoint, prepared, manifest.special_tokens.eos,
+                                              list(manifest.special_tokens.suppress), manifest.limits.max_new_tokens,
+                                              vocabulary, use_cache)
 
         def run(name: str, together: bool) -> list[list[str]]:
             system = systems[name]
             if isinstance(system, AttnserveSystem):
                 return system.translate(requests, together)
+            if isinstance(system, PyTorchSystem):
+                return system.translate(together)
             if together:
                 return system.translate(sources, starts)
             return [system.translate([s], [t])[0] for s, t in zip(sources, starts)]

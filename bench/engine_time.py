@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--split", type=pathlib.Path, default=pathlib.Path("data/corpus/test.tsv"))
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--out", type=pathlib.Path, help="also write the report here (JSON)")
     args = parser.parse_args()
     pairs = read_pairs(args.split)[:300]
     requests = [GenerationRequest(args.model, zh, "en") for _, zh in pairs] + [
@@ -88,8 +89,10 @@ def main() -> None:
     engine.close()
     rows = {label: {"share_of_wall": round(s / wall, 3), "calls": calls[label],
                     "ms_per_call": round(1e3 * s / calls[label], 2)} for label, s in seconds.most_common()}
-    print(json.dumps({"clients": args.clients, "requests_per_s": round(done[0] / wall, 1), "operations": rows},
-                     indent=2))
+    report = {"clients": args.clients, "requests_per_s": round(done[0] / wall, 1), "operations": rows}
+    print(json.dumps(report, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
     print("\n| operation | share of wall time | calls | ms per call |\n|---|---|---|---|")
     for label, r in rows.items():
         print(f"| `{label}` | {r['share_of_wall']:.1%} | {r['calls']} | {r['ms_per_call']} |")
