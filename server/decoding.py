@@ -101,6 +101,9 @@ class Batch:
     # The last rows move into free slots when more than this share of the rows' number is free: free slots
     # still cost decoder work (a lone row left in two slots costs it more), moving copies a row per hole.
     FREE_SLOT_SHARE = 0.25
+    # The source axes are cut when the rows need less than this share of their positions: the decoder attends
+    # every one (measured at 28 rows: 96 positions 9.7 ms a step, 64 positions 8.7 ms).
+    NARROW_SHARE = 2 / 3
 
     def __init__(
         self,
@@ -281,6 +284,8 @@ class Batch:
         if self._slots.size - len(slots) > self.FREE_SLOT_SHARE * len(slots):
             slots = self._slots.compact(slots)
         self._row_slots = slots
+        if self._width() < self.NARROW_SHARE * self._slots.width:
+            self._slots.narrow(self._width())
 
     def filter(self, keep_rows: np.ndarray) -> None:
         """Drops every row not in `keep_rows` (ascending, unique): finished requests leave the batch."""

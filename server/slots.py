@@ -104,6 +104,19 @@ class Slots:
         if self.cache is not None:
             self.cache.append(outputs)
 
+    def narrow(self, width: int) -> None:
+        """Cuts the source axes to `width` positions (one copy of the slots in use): the rows that needed the
+        rest have left, and the decoder attends every position the tensors hold."""
+        for name, spec, x in list(self._tensors()):
+            if spec.source_axis is None:
+                continue
+            shape = list(x.shape)
+            shape[spec.source_axis] = width
+            narrowed = np.empty(shape, dtype=x.dtype)
+            source = axis_slice(axis_slice(x, spec.batch_axis, 0, self.size), spec.source_axis, 0, width)
+            axis_slice(narrowed, spec.batch_axis, 0, self.size)[...] = source
+            (self.static if name in self.static else self.state)[name] = narrowed
+
     def take(self, count: int, used: np.ndarray) -> np.ndarray | None:
         """`count` free slots (those below `size` that no row in `used` holds first, then new ones past it,
         which `size` grows to cover), or None when the tensors have fewer."""

@@ -186,3 +186,21 @@ def test_a_beam_kept_twice_is_copied_into_a_free_slot(model):
         got = batch.step(np.full(len(batch), tokens[step]))
         for row in range(len(batch)):
             np.testing.assert_allclose(got.logits[row], alone[step][0][0], atol=ATOL)
+
+
+def test_the_source_axis_narrows_when_the_longest_rows_leave(model):
+    """The decoder attends every source position its tensors hold: once the long rows have left, the
+    static tensors are cut to what the remaining rows need, and they compute what they would alone."""
+    manifest, runtime = model
+    tokens = np.array([4, 9, 10, 11, 12, 13, 9, 9, 14, 15])
+    alone = reference_steps(manifest, runtime, [SOURCES[1]], tokens)
+    batch = build(manifest, runtime, [SOURCES[2], SOURCES[1], SOURCES[2], SOURCES[1]])
+    for step in range(len(tokens)):
+        if step == 3:
+            assert batch.slots.width == len(SOURCES[2])
+            batch.filter(np.array([1, 3]))  # the 9-token sources leave, the 3-token ones stay
+            assert batch.slots.width == len(SOURCES[1])
+        got = batch.step(np.full(len(batch), tokens[step]))
+        if step >= 3:
+            for row in range(len(batch)):
+                np.testing.assert_allclose(got.logits[row], alone[step][0][0], atol=ATOL)
