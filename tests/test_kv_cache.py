@@ -1,5 +1,6 @@
-"""The K/V cache written in place (server/kv_cache.py): the decoder reads the same buffers step after step,
-their spare slots change nothing it computes, and rows merged, dropped or repeated keep their own slots."""
+"""The K/V cache written in place (server/kv_cache.py) and the slots rows live in (server/slots.py): the decoder
+reads the same buffers step after step, their spare slots change nothing it computes, rows merged, dropped,
+repeated or split off keep their own slots, and only the rows that change are copied."""
 
 from __future__ import annotations
 
@@ -204,3 +205,61 @@ def test_the_source_axis_narrows_when_the_longest_rows_leave(model):
         if step >= 3:
             for row in range(len(batch)):
                 np.testing.assert_allclose(got.logits[row], alone[step][0][0], atol=ATOL)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_joins_leaves_repeats_and_splits_keep_every_row_equal_to_alone(model, seed):
+    """Continuous batching in miniature, at random: rows join (merged fresh batches), leave (filters), are kept
+    twice (beam-like selects) and move to another batch (split) at random steps, so slots are freed, reused,
+    copied, compacted, narrowed and regathered in every order. Every row's logits at every step equal its
+    source's alone."""
+    manifest, runtime = model
+    rng = np.random.default_rng(seed)
+    tokens = np.array([4, 9, 10, 11, 12, 13, 9, 9, 14, 15] * 3)
+    sources = SOURCES + [(25, 26), (27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38), (39,)]
+    alone = [reference_steps(manifest, runtime, [s], tokens) for s in sources]
+
+    def fresh(count):
+        picked = rng.integers(len(sources), size=count)
+        return build(manifest, runtime, [sources[i] for i in picked]), picked
+
+    batch, rows = fresh(4)
+    starts = np.zeros(len(rows), dtype=np.int64)  # the step each row joined
+    checked = 0
+    for step in range(40):
+        old = step - starts >= len(tokens) - 1  # rows about to run out of reference steps leave
+        if old.any():
+            keep = np.flatnonzero(~old)
+            batch.filter(keep)
+            rows, starts = rows[keep], starts[keep]
+        action = rng.choice(["join", "leave", "repeat", "split", "none"], p=[0.3, 0.2, 0.15, 0.1, 0.25])
+        if action == "join" or len(rows) == 0:
+            newcomers, picked = fresh(int(rng.integers(1, 4)))
+            batch.merge(newcomers)
+            rows, starts = np.concatenate([rows, picked]), np.concatenate([starts, np.full(len(picked), step)])
+        elif action == "leave":
+            keep = np.flatnonzero(rng.random(len(rows)) < 0.7)
+            batch.filter(keep)
+            rows, starts = rows[keep], starts[keep]
+        elif action == "repeat":
+            keep = np.sort(rng.integers(len(rows), size=len(rows)))
+            batch.select(keep)
+            rows, starts = rows[keep], starts[keep]
+        elif action == "split" and len(rows) > 1:
+            moved = np.flatnonzero(rng.random(len(rows)) < 0.5)
+            other = batch.split(moved)
+            stay = np.setdiff1d(np.arange(len(rows)), moved)
+            if rng.random() < 0.5:  # continue with the moved rows instead
+                batch, stay = other, moved
+            rows, starts = rows[stay], starts[stay]
+        if len(rows) == 0:
+            continue
+        row_steps = step - starts
+        got = batch.step(tokens[row_steps])
+        for row, (source, at) in enumerate(zip(rows, row_steps)):
+            np.testing.assert_allclose(got.logits[row], alone[source][at][0][0], atol=ATOL,
+                                       err_msg=f"step {step}, row {row} (source {source}, its step {at})")
+            width = len(sources[source])
+            np.testing.assert_allclose(got.attention[row][..., :width], alone[source][at][1][0], atol=ATOL)
+            checked += 1
+    assert checked > 100
