@@ -125,7 +125,8 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     )
     translate.add_argument("--max-tokens", type=int, default=0, help="0 = the model's limit")
     translate.add_argument(
-        "--beam-size", type=int, help="1 = greedy search (default; with --nbest N: N), up to 16"
+        "--beam-size", type=int,
+        help="1 = greedy search, up to 16; default: the model's (see `attnserve models`), with --nbest N at least N",
     )
     translate.add_argument(
         "--nbest", type=int, default=1, metavar="N", help="also print the N best translations with their scores"
@@ -163,7 +164,8 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
         help="show each word's time span and its attention over time: in the terminal, or as a PNG given a path",
     )
-    transcribe.add_argument("--beam-size", type=int, default=1, help="1 = greedy search (default), up to 16")
+    transcribe.add_argument("--beam-size", type=int, default=0,
+                            help="1 = greedy search, up to 16; default: the model's (see `attnserve models`)")
     transcribe.add_argument("--model", help="a served audio model (default: the first one the server lists)")
     transcribe.add_argument("--json", action="store_true", help="print the whole response as JSON")
     _add_address(transcribe)
@@ -173,7 +175,8 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     caption.add_argument("file", help="a PNG or JPEG file; - reads stdin")
     caption.add_argument("--attention", type=_png_path, metavar="OUT.png",
                          help="write the image with each word's attention heatmap, one panel per word")
-    caption.add_argument("--beam-size", type=int, default=1, help="1 = greedy search (default), up to 16")
+    caption.add_argument("--beam-size", type=int, default=0,
+                         help="1 = greedy search, up to 16; default: the model's (see `attnserve models`)")
     caption.add_argument("--model", help="a served image model (default: the first one the server lists)")
     caption.add_argument("--json", action="store_true", help="print the whole response as JSON")
     _add_address(caption)
@@ -262,7 +265,7 @@ def _translate(args: argparse.Namespace) -> None:
             granularity=args.granularity,
             layer=args.layer,
             max_new_tokens=args.max_tokens,
-            beam_size=args.beam_size or (1 if args.sample else args.nbest),
+            beam_size=args.beam_size or 0,  # 0: the model's default (the server raises it to --nbest)
             model=args.model,
             num_return_sequences=args.nbest,
             sampling=sampling,
@@ -463,11 +466,13 @@ def _models(args: argparse.Namespace) -> None:
         limits = [f"{info.max_text_chars} characters"] if info.max_text_chars else []
         limits += [f"{info.max_source_tokens} {unit}", f"{info.max_new_tokens} new tokens"]
         limits += [f"beam size {info.max_beam_size}"] if info.max_beam_size else []  # 0: an older server
+        search = "greedy" if info.default_beam_size <= 1 else f"beam search, {info.default_beam_size} beams"
         limits += [f"requests of {info.max_request_bytes:,} bytes"] if info.max_request_bytes else []
         limits += [f"responses of {info.max_response_bytes:,} bytes"] if info.max_response_bytes else []
         limits += [f"{info.max_attention_values:,} attention values"] if info.max_attention_values else []
         print(f"  limits: {', '.join(limits)}")
         print(f"  attention: {info.attention_layers} layers x {info.attention_heads} heads")
+        print(f"  default search: {search}")
         if info.variant:
             print(f"  graphs: the {info.variant} variant")
 

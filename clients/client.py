@@ -79,7 +79,7 @@ def translation_request(
     layer: int | None = None,
     max_new_tokens: int = 0,
     model: str = DEFAULT_MODEL,
-    beam_size: int = 1,
+    beam_size: int = 0,
     request_id: str = "",
     num_return_sequences: int = 1,
     sampling: SamplingOptions | None = None,
@@ -96,7 +96,7 @@ def translation_request(
         layer: decoder layer to read; negative counts from the last; None = the model's default layer.
         max_new_tokens: upper bound on generated tokens; 0 = the model's limit.
         model: served model name.
-        beam_size: 1 = greedy search.
+        beam_size: 1 = greedy search, more = beam search; 0 = the model's default (ModelInfo.default_beam_size).
         request_id: echoed in server logs.
         num_return_sequences: > 1 = also list that many best sequences with their scores (<= beam_size).
         sampling: sample instead of searching (beam_size 1); None = search.

@@ -118,8 +118,8 @@ def _decoding_from_proto(msg: pb.DecodingOptions) -> gen.DecodingOptions:
         )
     return gen.DecodingOptions(
         max_new_tokens=msg.max_new_tokens,
-        # proto3 cannot tell 0 from unset; 0 beams (or sequences) means the default, 1.
-        beam_size=msg.beam_size or 1,
+        # proto3 cannot tell 0 from unset: 0 beams means the model's default; 0 sequences means 1.
+        beam_size=msg.beam_size,
         num_return_sequences=msg.num_return_sequences or 1,
         min_new_tokens=msg.min_new_tokens,
         no_repeat_ngram_size=msg.no_repeat_ngram_size,

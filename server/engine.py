@@ -12,6 +12,7 @@ batching, `BatchingOptions.continuous`, the default) or, with `continuous=None`,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import pathlib
 import time
@@ -35,6 +36,7 @@ from attnserve.server.generation import (
     StreamedToken,
     Timings,
     Token,
+    resolved_beam_size,
 )
 from attnserve.server.ngram_lm import NgramLanguageModel
 from attnserve.server.repository import ModelVersion, find_models, open_runtime
@@ -83,11 +85,13 @@ class ModelEngine:
         self._eos = self.manifest.special_tokens.eos
         self._max_attention_values = batching.max_attention_values
         self._max_beam_size = batching.max_beam_size
+        # The manifest's default search, within what this server accepts.
+        self._default_beam_size = min(self.manifest.decoding.beam_size, self._max_beam_size)
         self._continuous = ContinuousLoop(self) if batching.continuous is not None else None
         loop = self._continuous.run if self._continuous is not None else None
         self._batcher = Batcher(self._process, batching, name=self.manifest.name, loop=loop)
 
-    @property
+    @functools.cached_property
     def info(self) -> ModelInfo:
         m = self.manifest
         info = ModelInfo(
@@ -104,6 +108,7 @@ class ModelEngine:
             variant=self.runtime.variant,
             max_text_chars=self.max_text_chars or 0,
             max_beam_size=self._max_beam_size,
+            default_beam_size=self._default_beam_size,
         )
         info = self.preprocessor.describe(info)
         wire = limits.request_bytes(limits.input_bytes(info, self.max_text_chars))
@@ -136,10 +141,10 @@ class ModelEngine:
             supported = ", ".join(m.target_languages)
             raise ValueError(f"unknown target language '{language}' for model '{m.name}'; supported: {supported}")
         max_new_tokens = self._max_new_tokens(request.decoding.max_new_tokens)
-        beam_size = request.decoding.beam_size
+        beam_size = resolved_beam_size(request.decoding, self._default_beam_size)
         if not 1 <= beam_size <= self._max_beam_size:
             raise ValueError(f"beam_size {beam_size} is out of range: use 1 (greedy) to {self._max_beam_size}")
-        search_options.check_search(request.decoding, max_new_tokens)
+        search_options.check_search(dataclasses.replace(request.decoding, beam_size=beam_size), max_new_tokens)
         layer = self._attention_layer(request) if request.attention.enabled else None
         heads = self._attention_heads(request) if request.attention.enabled else ()
         if request.text:

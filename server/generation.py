@@ -33,8 +33,9 @@ class SamplingOptions:
 class DecodingOptions:
     # Upper bound on generated tokens (EOS not counted); 0 means the model's `limits.max_new_tokens`.
     max_new_tokens: int = 0
-    # 1 = greedy search; > 1 = beam search with that many beams.
-    beam_size: int = 1
+    # 1 = greedy search; > 1 = beam search with that many beams; 0 = the model's default
+    # (`ModelInfo.default_beam_size`; see `resolved_beam_size`).
+    beam_size: int = 0
     # How many of the best sequences the result lists with their scores (`GenerationResult.nbest`);
     # 1 = only the output itself. At most beam_size.
     num_return_sequences: int = 1
@@ -278,10 +279,22 @@ class ModelInfo:
     image: ImageInputInfo | None = None  # set for image models
     max_text_chars: int = 0  # text models: the longest accepted text in characters; 0 for other kinds
     max_beam_size: int = 0  # the largest DecodingOptions.beam_size
+    # Beams a request gets with beam_size 0 (unset); 1 = greedy. 0 from a server too old to say: 1.
+    default_beam_size: int = 1
     max_request_bytes: int = 0  # the largest GenerateRequest accepted; bigger ones are refused unparsed
     max_attention_values: int = 0  # most attention weights in one response; 0 = only the model's own bounds
     max_response_bytes: int = 0  # the largest response message the server sends
     variant: str = ""  # the manifest variant whose graphs are served ("" = the default graphs)
+
+
+def resolved_beam_size(options: DecodingOptions, default: int) -> int:
+    """The beams a request decodes with: its own beam_size, or when it names none (0), 1 if it samples, else
+    the model's default, raised to its num_return_sequences."""
+    if options.beam_size:
+        return options.beam_size
+    if options.sampling is not None:
+        return 1
+    return max(default, options.num_return_sequences, 1)
 
 
 # Errors raised by core code. The gRPC edge maps each type to one status code (see server/errors.py):

@@ -51,6 +51,14 @@ class Limits:
 
 
 @dataclasses.dataclass(frozen=True)
+class DecodingDefaults:
+    """The search a request gets when it names none (manifest `decoding`, optional)."""
+
+    # Beams of a request whose beam_size is 0 (unset) and that does not sample; 1 = greedy search.
+    beam_size: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
 class AttentionSpec:
     # Decoder output holding the step's attention, shape (B, layers, heads, S).
     output: str
@@ -184,6 +192,7 @@ class Manifest:
     variants: Mapping[str, Variant] = dataclasses.field(default_factory=dict)
     # Optional LM whose scores join the decoder's at every step (docs/model-contract.md).
     language_model: LanguageModelSpec | None = None
+    decoding: DecodingDefaults = DecodingDefaults()
 
 
 class FieldReader:
@@ -316,6 +325,7 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         input=input_spec,
         variants=_variants(r),
         language_model=_language_model(r),
+        decoding=_decoding_defaults(r),
     )
     _check_consistency(manifest, where)
     return manifest
@@ -338,6 +348,12 @@ def _language_model(r: FieldReader) -> LanguageModelSpec | None:
     if weight > 1:
         lm.fail_field("weight", f"must be in [0, 1], got {weight}")
     return LanguageModelSpec(lm.string("file"), weight)
+
+
+def _decoding_defaults(r: FieldReader) -> DecodingDefaults:
+    if "decoding" not in r.data:
+        return DecodingDefaults()
+    return DecodingDefaults(beam_size=r.obj("decoding").integer("beam_size", 1, DecodingDefaults.beam_size))
 
 
 def _limits(r: FieldReader, spec: InputSpec) -> Limits:

@@ -210,9 +210,15 @@ _LOAD = _LoadCollector()
 prometheus_client.REGISTRY.register(_LOAD)
 
 
-def track_request(request: generation.GenerationRequest, future: concurrent.futures.Future) -> None:
-    """Follows a submitted request's future for the load gauges until it is done (any thread)."""
-    _LOAD.track(request.model, request.decoding.beam_size, future)
+def track_request(request: generation.GenerationRequest, future: concurrent.futures.Future,
+                  default_beam_size: int = 1) -> None:
+    """Follows a submitted request's future for the load gauges until it is done (any thread).
+
+    Args:
+        default_beam_size: the model's beams for a request that names none (ModelInfo.default_beam_size).
+    """
+    rows = generation.resolved_beam_size(request.decoding, default_beam_size)
+    _LOAD.track(request.model, rows, future)
 
 
 def serve_http(port: int, address: str = "0.0.0.0") -> None:

@@ -186,7 +186,7 @@ async def _submitted(
     submitting = asyncio.ensure_future(asyncio.to_thread(engine.submit, request, on_token))
     try:
         future = await asyncio.shield(submitting)
-        metrics.track_request(request, future)
+        metrics.track_request(request, future, engine.info.default_beam_size)
     except asyncio.CancelledError:
         submitting.add_done_callback(functools.partial(_cancel_submitted, engine))
         raise

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.clients import cli
 from attnserve.clients.client import Client
-from attnserve.server.generation import SamplingOptions
+from attnserve.server.generation import SamplingOptions, resolved_beam_size
 from fakes import WAIT
 
 MODEL = "fake-translate"  # the fake_server's model
@@ -285,11 +285,13 @@ def test_translate_passes_nbest_and_sampling_options(capsys, fake_server, addres
     _, engine = fake_server
     status, _, _ = run(capsys, "translate", "abc", "--nbest", "3", "--model", MODEL, "--address", address)
     decoding = engine.requests[-1].decoding
-    assert status == 0 and (decoding.beam_size, decoding.num_return_sequences, decoding.sampling) == (3, 3, None)
+    # No --beam-size: the model's default search, which the server raises to the 3 sequences asked for.
+    assert status == 0 and (decoding.beam_size, decoding.num_return_sequences, decoding.sampling) == (0, 3, None)
+    assert resolved_beam_size(decoding, 1) == 3
     argv = ["--sample", "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "42"]
     status, _, _ = run(capsys, "translate", "abc", *argv, "--model", MODEL, "--address", address)
     decoding = engine.requests[-1].decoding
-    assert status == 0 and decoding.beam_size == 1
+    assert status == 0 and resolved_beam_size(decoding, 4) == 1
     assert decoding.sampling == SamplingOptions(temperature=0.7, top_k=5, top_p=0.9, seed=42)
 
 

@@ -90,7 +90,7 @@ def test_info_and_registry(registry, engine):
         ({"text": "知" * 48}, r"source is 49 tokens long \(EOS included\); model 'tiny-translate' accepts at most 48"),
         ({"decoding": DecodingOptions(max_new_tokens=41)}, r"max_new_tokens 41 is out of range: use 1..40, or 0"),
         ({"decoding": DecodingOptions(max_new_tokens=-1)}, "max_new_tokens -1 is out of range"),
-        ({"decoding": DecodingOptions(beam_size=0)}, "beam_size 0 is out of range"),
+        ({"decoding": DecodingOptions(beam_size=-1)}, "beam_size -1 is out of range"),
         ({"attention": AttentionOptions(enabled=True, layer=2)}, "attention layer 2 is out of range: .* has 2 decoder"),
         ({"attention": AttentionOptions(enabled=True, layer=-3)}, "attention layer -3 is out of range"),
         ({"attention": AttentionOptions(enabled=True, heads=(0, 4))},

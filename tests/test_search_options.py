@@ -20,7 +20,7 @@ from attnserve.server.output_rules import OutputRules, repeated_ngram_completion
 from attnserve.server.repository import find_models
 from attnserve.server.sampling import draw_token
 from conftest import TINY_MODEL_NAME
-from fakes import MIXED_TEXTS
+from fakes import MIXED_TEXTS, WAIT
 
 SMALL = "tiny-three-tokens"
 EOS, KEPT = 2, (10, 20)  # the only tokens the cut-down model may emit
@@ -283,3 +283,53 @@ def test_search_options_over_grpc_equal_in_process(tiny_server, engine):
             np.testing.assert_allclose([s.score for s in remote.nbest], [s.score for s in local.nbest], rtol=1e-6)
         with pytest.raises(errors.InvalidArgument, match="top_p 2.0 is out of range"):
             client.generate(request(sampling=SamplingOptions(top_p=2.0)))
+
+
+def model_with_default_beams(tiny_model_dir, folder, beams):
+    """The tiny model, its manifest naming `beams` as the default search."""
+    shutil.copytree(tiny_model_dir, folder / TINY_MODEL_NAME / "1")
+    path = folder / TINY_MODEL_NAME / "1" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["decoding"] = {"beam_size": beams}
+    path.write_text(json.dumps(manifest))
+    return find_models(folder)[TINY_MODEL_NAME]
+
+
+def test_a_request_naming_no_search_gets_the_models_default(tiny_model_dir, tmp_path, engine):
+    """A manifest's `decoding.beam_size` is what requests get when they leave beam_size unset (0): the
+    same output as asking for those beams; 1 still means greedy, sampling stays one beam, and ModelInfo
+    says what the default is."""
+    beamy = load_engine(model_with_default_beams(tiny_model_dir, tmp_path, 4))
+
+    def ids(model, text, **decoding):
+        return [t.id for t in model.generate(request(text, **decoding), WAIT).tokens]
+
+    try:
+        assert beamy.info.default_beam_size == 4 and engine.info.default_beam_size == 1
+        for text in MIXED_TEXTS[:4]:
+            assert ids(beamy, text) == ids(engine, text, beam_size=4)
+            assert ids(beamy, text, beam_size=1) == ids(engine, text)  # the plain model's default is greedy
+        assert len(beamy.generate(request(MIXED_TEXTS[0], num_return_sequences=3), WAIT).nbest) == 3
+        sampled = SamplingOptions(seed=3)
+        assert ids(beamy, MIXED_TEXTS[0], sampling=sampled) == ids(engine, MIXED_TEXTS[0], beam_size=1,
+                                                                    sampling=sampled)
+    finally:
+        beamy.close()
+
+
+def test_the_default_search_stays_within_the_servers_beam_limit(tiny_model_dir, tmp_path):
+    from attnserve.server.batcher import BatchingOptions
+    from attnserve.server.runtime import RuntimeOptions
+
+    capped = load_engine(model_with_default_beams(tiny_model_dir, tmp_path, 8), RuntimeOptions(),
+                         BatchingOptions(max_beam_size=2))
+    try:
+        assert capped.info.default_beam_size == 2
+        assert capped.prepare(request(MIXED_TEXTS[0])).beam_size == 2
+    finally:
+        capped.close()
+
+
+def test_a_default_search_of_no_beams_is_refused(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"decoding.beam_size' must be >= 1, got 0"):
+        model_with_default_beams(tiny_model_dir, tmp_path, 0)

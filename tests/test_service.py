@@ -118,10 +118,11 @@ def test_request_options_reach_the_engine_unchanged(served):
     )
 
 
-def test_unset_options_mean_greedy_last_layer_pieces_no_attention(served):
+def test_unset_options_mean_the_models_search_last_layer_pieces_no_attention(served):
     stub, _, engine = served
     stub.Generate(text_request("abc"), timeout=WAIT)
-    assert engine.requests[-1].decoding == generation.DecodingOptions(max_new_tokens=0, beam_size=1)
+    # beam_size 0: the engine resolves it to the model's default search (ModelInfo.default_beam_size)
+    assert engine.requests[-1].decoding == generation.DecodingOptions(max_new_tokens=0, beam_size=0)
     assert engine.requests[-1].attention == generation.AttentionOptions()
 
 

@@ -123,6 +123,15 @@ def length_hint_lines(manifest: dict) -> list[str]:
     ]
 
 
+def default_search_lines(manifest: dict) -> list[str]:
+    """The search a request gets when it names none (manifest `decoding`, docs/model-contract.md)."""
+    beams = manifest.get("decoding", {}).get("beam_size", 1)
+    if beams <= 1:
+        return ["- Default search: greedy (requests may ask for beams)."]
+    return [f"- Default search: {beams} beams (manifest `decoding.beam_size`; a request's beam_size 1 asks for greedy)."
+            f" Scored with {beams} beams in `scores-beam{beams}.json`; the tables below are greedy."]
+
+
 def ctc_lines(w: float) -> list[str]:
     """How the CTC head takes part in decoding with weight `w` (docs/model-contract.md, encoder.ctc)."""
     if not w:
@@ -171,6 +180,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
         f"- Limits: {manifest['input']['max_seconds']:g} s of audio, {manifest['limits']['max_new_tokens']} characters.",
         *length_hint_lines(manifest),
         *ctc_lines(joint_weight),
+        *default_search_lines(manifest),
         "",
         "## Training",
         f"- {state['step']:,} steps, {state['epoch']} epochs + {state['batch_in_epoch']:,} batches,"
