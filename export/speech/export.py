@@ -48,9 +48,10 @@ ENCODER_OUTPUTS = ["encoder_hidden_states", "encoder_keys", "encoder_attention_m
 LENGTH_HINT = {"output": "ctc_length", "scale": 1.0, "offset": 3}
 # Joint CTC/attention decoding (server/ctc_prefix.py): the CTC head's share of every candidate's score.
 CTC_WEIGHT = 0.3
-# Beams of a request that names no search. Version 3 on its test clips, greedy -> 4 beams: CER 25.1 -> 20.9%,
-# WER 56.9 -> 47.2% (held-out voices 37.9 -> 34.5%, 75.2 -> 68.8%), word starts within 100 ms 95.0 -> 95.5%,
-# at about half the speed (81-113 -> 42-46 audio seconds per second on one thread).
+# Beams of a request that names no search. Chosen with the CTC weight on version 3's dev clips (beam 4: CTC
+# 0.5 -> 0.3, WER 50.8 -> 45.0%; beam 8 gained 1.6 more at half the speed). Its test clips, greedy at 0.5 ->
+# 4 beams at 0.3: CER 25.1 -> 20.7%, WER 56.9 -> 43.2% (held-out voices 37.9 -> 34.4%, 75.2 -> 64.8%), at
+# about half the speed (36-39 audio seconds per second on one thread).
 DEFAULT_BEAM_SIZE = 4
 
 

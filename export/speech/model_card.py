@@ -128,8 +128,17 @@ def default_search_lines(manifest: dict) -> list[str]:
     beams = manifest.get("decoding", {}).get("beam_size", 1)
     if beams <= 1:
         return ["- Default search: greedy (requests may ask for beams)."]
-    return [f"- Default search: {beams} beams (manifest `decoding.beam_size`; a request's beam_size 1 asks for greedy)."
-            f" Scored with {beams} beams in `scores-beam{beams}.json`; the tables below are greedy."]
+    return [f"- Default search: {beams} beams (manifest `decoding.beam_size`; a request's beam_size 1 asks for greedy),"
+            " scored below."]
+
+
+def default_scores_lines(scores: dict | None) -> list[str]:
+    """The test scores of the search requests get by default, and how it was chosen (on dev)."""
+    if scores is None:
+        return []
+    chosen = [f"Chosen on {scores['chosen_on']}.", ""] if "chosen_on" in scores else []
+    return [f"## Scores with the default search (served, beam {scores['beam_size']}, CTC weight"
+            f" {scores.get('ctc_weight', 0):g})", "", *chosen, *score_lines(scores), ""]
 
 
 def ctc_lines(w: float) -> list[str]:
@@ -153,8 +162,9 @@ def listener_lines(cfg: ListenAttendSpellConfig) -> str:
 
 
 def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path, previous: dict | None = None,
-           ctc_loss_weight: float | None = None) -> str:
-    """The card's text. `ctc_loss_weight`: the training loss's CTC share, for checkpoints that do not record it."""
+           ctc_loss_weight: float | None = None, default_scores: dict | None = None) -> str:
+    """The card's text. `ctc_loss_weight`: the training loss's CTC share, for checkpoints that do not record it;
+    `default_scores`: the default search's scores, when it is not the one `scores` used."""
     cfg, state = ListenAttendSpellConfig(**checkpoint["config"]), checkpoint["state"]
     ctc_share = ctc_loss_weight if ctc_loss_weight is not None else state.get("ctc_weight", 0.3)
     params = sum(v.numel() for k, v in checkpoint["model"].items())
@@ -199,6 +209,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
         "",
         *data_lines(stats),
         "",
+        *default_scores_lines(default_scores),
         f"## Scores (served, beam {scores['beam_size']}, CTC weight {scores.get('ctc_weight', 0):g})",
         "",
         *score_lines(scores),
@@ -226,13 +237,16 @@ def main() -> None:
     parser.add_argument("--corpus-stats", type=pathlib.Path, default=pathlib.Path("data/speech/stats.json"))
     parser.add_argument("--model-dir", type=pathlib.Path, required=True, help="the exported version folder")
     parser.add_argument("--previous-scores", type=pathlib.Path, help="the previous version's scores, shown beside")
+    parser.add_argument("--default-scores", type=pathlib.Path,
+                        help="the default search's scores, when --scores used another (e.g. greedy)")
     parser.add_argument("--ctc-loss-weight", type=float,
                         help="the training loss's CTC share, for a checkpoint that does not record it (default 0.3)")
     args = parser.parse_args()
     checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
     previous = json.loads(args.previous_scores.read_text()) if args.previous_scores else None
+    default = json.loads(args.default_scores.read_text()) if args.default_scores else None
     card = render(checkpoint, json.loads(args.scores.read_text()), json.loads(args.corpus_stats.read_text()),
-                  args.model_dir, previous, args.ctc_loss_weight)
+                  args.model_dir, previous, args.ctc_loss_weight, default)
     out = args.model_dir.parent / "README.md"
     out.write_text(card)
     print(f"wrote {out}")
