@@ -202,7 +202,7 @@ class Batch:
             input_ids: (B,) the newest token of each row.
         """
         d, slots, rows = self._manifest.decoder, self._slots, self._row_slots
-        compact = len(rows) == slots.size and bool(np.all(rows == np.arange(len(rows))))
+        in_order = len(rows) == slots.size and bool(np.all(rows == np.arange(len(rows))))  # row i in slot i
         feeds, self_mask = slots.feeds(live=rows)
         ids = np.zeros((slots.size, 1), dtype=np.int64)  # a free slot decodes token 0 at position 0
         ids[rows, 0] = input_ids
@@ -222,10 +222,9 @@ class Batch:
         slots.update(out)
         self.positions = self.positions + 1
         logits, attention = out[d.logits], out[self._manifest.attention.output]  # (S, V), (S, L, H, width)
-        if not compact:
+        if not in_order:
             logits, attention = logits[rows], attention[rows]
-        width = int(self.source_lengths.max()) if len(self) else 0
-        attention = attention[..., :width]  # the tensors may be wider than the rows' sources
+        attention = attention[..., : self._width()]  # the tensors may be wider than the rows' sources
         if self._ctc is not None:
             logits = self._joint_scores(logits)
         if self._lm is not None:
