@@ -395,3 +395,20 @@ def test_the_card_says_whether_the_previous_version_was_scored_on_the_same_clips
     assert "on the same test clips" in comparison_lines(now, same)[1]
     assert "its own corpus build's test clips" in comparison_lines(now, other)[1]
     assert comparison_lines(now, same)[-1] == "| test_seen | 40.0% | 30.0% | 60.0% | 60.0% |"
+
+
+def test_noise_mixed_in_for_evaluation_has_the_asked_snr_and_is_the_same_every_run():
+    from attnserve.export.speech.evaluate import noisy
+    from fakes import wav_bytes
+
+    rate = 16000
+    clean = 0.3 * np.sin(2 * np.pi * 220 * np.arange(rate) / rate)
+    wav = wav_bytes(clean, rate, "float32")
+    for snr_db in (20.0, 5.0):
+        mixed = noisy(wav, snr_db, seed=7)
+        assert mixed.sample_rate_hz == rate and mixed.samples.dtype == np.float32
+        noise = mixed.samples.astype(np.float64) - clean
+        measured = 10 * np.log10(np.mean(clean**2) / np.mean(noise**2))
+        assert abs(measured - snr_db) < 0.2
+        np.testing.assert_array_equal(mixed.samples, noisy(wav, snr_db, seed=7).samples)
+        assert not np.array_equal(mixed.samples, noisy(wav, snr_db, seed=8).samples)

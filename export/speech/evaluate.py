@@ -82,10 +82,28 @@ def decoding_variant(model_dir: pathlib.Path, ctc_weight: float | None, length_h
         yield copy
 
 
-def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, attention: bool) -> list:
+def noisy(wav: bytes, snr_db: float, seed: int):
+    """The clip with white noise at `snr_db` below its own power (seeded: the same noise every run), as raw
+    samples: how the recognizer fares off clean synthesized audio."""
+    from attnserve.server.audio import read_wav
+    from attnserve.server.generation import AudioInput
+
+    clip = read_wav(wav)
+    samples = clip.samples().astype(np.float64)
+    power = float(np.mean(samples**2)) or 1e-12
+    noise = np.random.default_rng(seed).standard_normal(len(samples)) * np.sqrt(power / 10 ** (snr_db / 10))
+    return AudioInput(samples=np.clip(samples + noise, -1, 1).astype(np.float32), sample_rate_hz=clip.sample_rate_hz)
+
+
+def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, attention: bool,
+               noise_snr_db: float | None = None) -> list:
     """Served results in row order; clips are submitted shortest first so batches pad little."""
     from attnserve.server.generation import (AttentionGranularity, AttentionOptions, AudioInput, DecodingOptions,
                                              GenerationRequest)
+
+    def audio(i: int) -> AudioInput:
+        wav = (corpus / rows[i]["path"]).read_bytes()
+        return AudioInput(wav=wav) if noise_snr_db is None else noisy(wav, noise_snr_db, seed=i)
 
     options = AttentionOptions(enabled=attention, granularity=AttentionGranularity.WORDS)
     order = sorted(range(len(rows)), key=lambda i: rows[i]["duration"])
@@ -94,7 +112,7 @@ def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, a
         chunk = order[begin : begin + 128]
         futures = [
             engine.submit(GenerationRequest(
-                engine.manifest.name, audio=AudioInput(wav=(corpus / rows[i]["path"]).read_bytes()),
+                engine.manifest.name, audio=audio(i),
                 decoding=DecodingOptions(beam_size=beam_size), attention=options,
             ))
             for i in chunk
@@ -145,11 +163,12 @@ def example(row: dict, result) -> dict:
     }
 
 
-def score_split(engine, corpus: pathlib.Path, split: str, beam_size: int, limit: int | None) -> dict:
+def score_split(engine, corpus: pathlib.Path, split: str, beam_size: int, limit: int | None,
+                noise_snr_db: float | None = None) -> dict:
     rows = [json.loads(line) for line in (corpus / f"{split}.jsonl").read_text().splitlines() if line.strip()]
     rows = rows[:limit] if limit else rows
     started = time.monotonic()
-    results = transcribe(engine, corpus, rows, beam_size, attention=True)
+    results = transcribe(engine, corpus, rows, beam_size, attention=True, noise_snr_db=noise_snr_db)
     seconds = time.monotonic() - started
     hypotheses, references = [r.text for r in results], [row["text"] for row in rows]
     groups = collections.defaultdict(list)
@@ -189,6 +208,8 @@ def main() -> None:
     parser.add_argument("--no-length-hint", action="store_true", help="decode without the manifest's length hint")
     parser.add_argument("--lm", type=pathlib.Path, help="fuse this n-gram LM instead of the manifest's")
     parser.add_argument("--lm-weight", type=float, help="the LM's weight in shallow fusion instead of the manifest's")
+    parser.add_argument("--noise-snr-db", type=float,
+                        help="mix white noise into every clip at this signal-to-noise ratio (seeded per clip)")
     args = parser.parse_args()
     with decoding_variant(args.model_dir, args.ctc_weight, not args.no_length_hint, args.lm, args.lm_weight) as model_dir:
         engine = open_engine(model_dir)
@@ -198,7 +219,9 @@ def main() -> None:
                       "ctc_weight": manifest.encoder.ctc.weight if manifest.encoder.ctc else 0.0,
                       "length_hint": manifest.encoder.length_hint is not None,
                       "lm_weight": manifest.language_model.weight if manifest.language_model else 0.0,
-                      "splits": {s: score_split(engine, args.corpus, s, args.beam_size, args.limit) for s in args.splits}}
+                      "noise_snr_db": args.noise_snr_db,
+                      "splits": {s: score_split(engine, args.corpus, s, args.beam_size, args.limit, args.noise_snr_db)
+                                 for s in args.splits}}
         finally:
             engine.close()
     text = json.dumps(scores, indent=2)

@@ -141,6 +141,20 @@ def default_scores_lines(scores: dict | None) -> list[str]:
             f" {scores.get('ctc_weight', 0):g})", "", *chosen, *score_lines(scores), ""]
 
 
+def noise_lines(noise: dict | None) -> list[str]:
+    """CER / WER with white noise mixed in (evaluate --noise-snr-db): where the recognizer stops working."""
+    if noise is None:
+        return []
+    splits = list(next(iter(noise["runs"].values())))
+    lines = [f"## With noise (served, beam {noise['beam_size']}, CTC weight {noise['ctc_weight']:g})", "",
+             f"Clips: {noise['clips']}. Noise: {noise['noise']}.", "",
+             "| noise | " + " | ".join(f"{s} CER / WER" for s in splits) + " |", "|---|" + "---|" * len(splits)]
+    for name, run in noise["runs"].items():
+        label = "none" if name == "clean" else name.removeprefix("snr_").replace("_db", " dB SNR")
+        lines.append(f"| {label} | " + " | ".join(f"{run[s]['cer']:.1%} / {run[s]['wer']:.1%}" for s in splits) + " |")
+    return [*lines, ""]
+
+
 def ctc_lines(w: float) -> list[str]:
     """How the CTC head takes part in decoding with weight `w` (docs/model-contract.md, encoder.ctc)."""
     if not w:
@@ -162,9 +176,10 @@ def listener_lines(cfg: ListenAttendSpellConfig) -> str:
 
 
 def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path, previous: dict | None = None,
-           ctc_loss_weight: float | None = None, default_scores: dict | None = None) -> str:
+           ctc_loss_weight: float | None = None, default_scores: dict | None = None, noise: dict | None = None) -> str:
     """The card's text. `ctc_loss_weight`: the training loss's CTC share, for checkpoints that do not record it;
-    `default_scores`: the default search's scores, when it is not the one `scores` used."""
+    `default_scores`: the default search's scores, when it is not the one `scores` used; `noise`: scores with
+    noise mixed in."""
     cfg, state = ListenAttendSpellConfig(**checkpoint["config"]), checkpoint["state"]
     ctc_share = ctc_loss_weight if ctc_loss_weight is not None else state.get("ctc_weight", 0.3)
     params = sum(v.numel() for k, v in checkpoint["model"].items())
@@ -210,6 +225,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
         *data_lines(stats),
         "",
         *default_scores_lines(default_scores),
+        *noise_lines(noise),
         f"## Scores (served, beam {scores['beam_size']}, CTC weight {scores.get('ctc_weight', 0):g})",
         "",
         *score_lines(scores),
@@ -237,6 +253,7 @@ def main() -> None:
     parser.add_argument("--corpus-stats", type=pathlib.Path, default=pathlib.Path("data/speech/stats.json"))
     parser.add_argument("--model-dir", type=pathlib.Path, required=True, help="the exported version folder")
     parser.add_argument("--previous-scores", type=pathlib.Path, help="the previous version's scores, shown beside")
+    parser.add_argument("--noise-scores", type=pathlib.Path, help="scores with noise mixed in (one file, by SNR)")
     parser.add_argument("--default-scores", type=pathlib.Path,
                         help="the default search's scores, when --scores used another (e.g. greedy)")
     parser.add_argument("--ctc-loss-weight", type=float,
@@ -245,8 +262,9 @@ def main() -> None:
     checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
     previous = json.loads(args.previous_scores.read_text()) if args.previous_scores else None
     default = json.loads(args.default_scores.read_text()) if args.default_scores else None
+    noise = json.loads(args.noise_scores.read_text()) if args.noise_scores else None
     card = render(checkpoint, json.loads(args.scores.read_text()), json.loads(args.corpus_stats.read_text()),
-                  args.model_dir, previous, args.ctc_loss_weight, default)
+                  args.model_dir, previous, args.ctc_loss_weight, default, noise)
     out = args.model_dir.parent / "README.md"
     out.write_text(card)
     print(f"wrote {out}")
