@@ -179,11 +179,7 @@ class Batch:
         """(B, T) which cache slots the rows may attend, without leading slots none of them attends (T = 0
         without a K/V cache)."""
         cache = self._slots.cache
-        if cache is None:
-            return np.zeros((len(self), 0), dtype=np.int64)
-        mask = cache.mask[self._row_slots]
-        used = mask.any(axis=0)
-        return mask[:, int(np.argmax(used)) if used.any() else mask.shape[1]:]
+        return cache.attended(self._row_slots) if cache is not None else np.zeros((len(self), 0), dtype=np.int64)
 
     @property
     def slots(self) -> Slots:
@@ -275,8 +271,7 @@ class Batch:
         if len(repeated):
             targets = self._slots.take(len(repeated), slots)
             if targets is None:  # no room for the copies: every row into fresh tensors
-                self._slots = Slots.gather(self._manifest, [(self._slots, slots)], self._width(), spare=True)
-                self._row_slots = np.arange(len(slots))
+                self._regather(slots, spare=True)
                 return
             self._slots.copy(slots[repeated], targets)
             slots[repeated] = targets
@@ -347,9 +342,10 @@ class Batch:
         """Source positions the rows need: the longest row's."""
         return int(self.source_lengths.max()) if len(self) else 0
 
-    def _regather(self, slots: np.ndarray) -> None:
-        """The rows (already selected: row i is slot slots[i]) move into fresh tensors of exactly their size."""
-        self._slots = Slots.gather(self._manifest, [(self._slots, slots)], self._width())
+    def _regather(self, slots: np.ndarray, spare: bool = False) -> None:
+        """The rows (already selected: row i is slot slots[i]) move into fresh tensors of their size (with
+        `spare`: room for more rows, Slots.gather)."""
+        self._slots = Slots.gather(self._manifest, [(self._slots, slots)], self._width(), spare=spare)
         self._row_slots = np.arange(len(slots))
 
 

@@ -74,6 +74,10 @@ class AppendCache:
             self._grow(live)
         return dict(self._buffers), self._mask
 
+    def attended(self, rows: np.ndarray) -> np.ndarray:
+        """(len(rows), T') which slots the given rows may attend, without leading slots none of them attends."""
+        return _kept(self.mask[rows])[0]
+
     def copy(self, sources: np.ndarray, targets: np.ndarray) -> None:
         """Row targets[i] becomes a copy of row sources[i], slots and mask; no target is a source."""
         for spec in self._specs:
@@ -113,15 +117,15 @@ class AppendCache:
         self.length += 1
 
     @classmethod
-    def gather(cls, parts: Sequence[tuple[AppendCache, np.ndarray | None]], capacity: int = 0) -> AppendCache:
-        """A new cache holding, in order, the chosen rows of each cache (None: all of them, in order; repeats
-        allowed), each buffer written once, in `capacity` rows (at least as many as chosen; the rest empty).
+    def gather(cls, parts: Sequence[tuple[AppendCache, np.ndarray]], capacity: int = 0) -> AppendCache:
+        """A new cache holding, in order, the chosen rows of each cache (repeats allowed), each buffer written
+        once, in `capacity` rows (at least as many as chosen; the rest empty).
         Leading slots that none of a part's chosen rows attends are dropped; parts with fewer slots are
         left-padded with hidden ones."""
         first = parts[0][0]
         chosen = []  # (cache, rows, their mask over the kept slots, first kept slot)
         for cache, rows in parts:
-            mask, kept = _kept(cache.mask if rows is None else cache.mask[rows])
+            mask, kept = _kept(cache.mask[rows])
             chosen.append((cache, rows, mask, cache.length - kept))
         length = max(mask.shape[1] for _, _, mask, _ in chosen)
         total = sum(len(mask) for _, _, mask, _ in chosen)
@@ -130,11 +134,10 @@ class AppendCache:
         for cache, rows, mask, cut in chosen:
             stop, kept = start + len(mask), mask.shape[1]
             for spec in first._specs:
-                buffer = out._buffers[spec.input]
-                index = [slice(None)] * buffer.ndim
-                index[spec.batch_axis], index[spec.time_axis] = slice(start, stop), slice(length - kept, length)
-                source = _slots(cache._buffers[spec.input], spec, cut, cache.length)
-                copy_rows(buffer[tuple(index)], source, rows, spec.batch_axis)
+                target = axis_slice(axis_slice(out._buffers[spec.input], spec.batch_axis, start, stop),
+                                    spec.time_axis, length - kept, length)
+                source = axis_slice(cache._buffers[spec.input], spec.time_axis, cut, cache.length)
+                copy_rows(target, source, rows, spec.batch_axis)
             out._mask[start:stop, length - kept : length] = mask
             start = stop
         return out
@@ -148,7 +151,7 @@ class AppendCache:
                                at_least=length + 1)
         for spec in self._specs:
             grown._buffers[spec.input][_time_index(spec, slice(0, length), self._buffers[spec.input].ndim)] = (
-                _slots(self._buffers[spec.input], spec, cut, self.length)
+                axis_slice(self._buffers[spec.input], spec.time_axis, cut, self.length)
             )
         grown._mask[:, :length] = self.mask[:, cut:]
         self._buffers, self._mask, self.capacity, self.length = grown._buffers, grown._mask, grown.capacity, length
@@ -183,6 +186,3 @@ def _time_index(spec: StateSpec, where, ndim: int) -> tuple:
     index[spec.time_axis] = where
     return tuple(index)
 
-
-def _slots(x: np.ndarray, spec: StateSpec, start: int, stop: int) -> np.ndarray:
-    return x[_time_index(spec, slice(start, stop), x.ndim)]

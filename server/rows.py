@@ -11,14 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def copy_rows(target: np.ndarray, source: np.ndarray, rows: np.ndarray | None, axis: int) -> None:
-    """target[i] = source[rows[i]] along `axis` (rows None: every row, in order; repeats allowed).
+def copy_rows(target: np.ndarray, source: np.ndarray, rows: np.ndarray, axis: int) -> None:
+    """target[i] = source[rows[i]] along `axis` (repeats allowed).
 
     `target` and `source` agree in every other axis; `target` has len(rows) rows.
     """
-    if rows is None:
-        target[...] = source
-    elif target.flags.c_contiguous:
+    if target.flags.c_contiguous:
         np.take(source, rows, axis=axis, out=target, mode="clip")
     else:
         into, source = np.moveaxis(target, axis, 0), np.moveaxis(source, axis, 0)
