@@ -125,7 +125,7 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     )
     translate.add_argument("--max-tokens", type=int, default=0, help="0 = the model's limit")
     translate.add_argument(
-        "--beam-size", type=int,
+        "--beam-size", type=int, default=0,
         help="1 = greedy search, up to 16; default: the model's (see `attnserve models`), with --nbest N at least N",
     )
     translate.add_argument(
@@ -265,7 +265,7 @@ def _translate(args: argparse.Namespace) -> None:
             granularity=args.granularity,
             layer=args.layer,
             max_new_tokens=args.max_tokens,
-            beam_size=args.beam_size or 0,  # 0: the model's default (the server raises it to --nbest)
+            beam_size=args.beam_size,  # 0: the model's default (the server raises it to --nbest)
             model=args.model,
             num_return_sequences=args.nbest,
             sampling=sampling,
