@@ -19,9 +19,11 @@ from attnserve.export.architectures import load_checkpoint
 from attnserve.export.train import read_pairs
 
 # Corpus families by domain: everyday sentences, dictionary entries (CC-CEDICT headwords and their glosses),
-# and everything else, software text (UI strings, help pages, manuals).
+# story text (a game's dialogue and descriptions), and everything else, software text (UI strings, help pages,
+# manuals).
 EVERYDAY_FAMILIES = ("hsk", "tatoeba")
 DICTIONARY_FAMILIES = ("cedict",)
+STORY_FAMILIES = ("wesnoth",)
 DIRECTIONS = {"zh-TW->en": (1, 0, "en"), "en->zh-TW": (0, 1, "zh-TW")}  # (source column, target column, lang)
 
 
@@ -102,6 +104,16 @@ def read_families(split: pathlib.Path, count: int) -> list[str]:
     return train.read_families(path)[:count]
 
 
+def domain_rows(families: list[str]) -> dict[str, list[int]]:
+    """The pairs' indices by domain; a family named in no domain is software text."""
+    named = {**dict.fromkeys(EVERYDAY_FAMILIES, "everyday"), **dict.fromkeys(DICTIONARY_FAMILIES, "dictionary"),
+             **dict.fromkeys(STORY_FAMILIES, "story")}
+    rows: dict[str, list[int]] = {"everyday": [], "dictionary": [], "story": [], "software": []}
+    for i, family in enumerate(families):
+        rows[named.get(family, "software")].append(i)
+    return rows
+
+
 def spread(indices: list[int], n: int) -> list[int]:
     step = max(len(indices) // max(n, 1), 1)
     return indices[::step][:n]
@@ -117,10 +129,9 @@ def evaluate(
     pairs = read_pairs(split)[:limit] if limit else read_pairs(split)
     families = read_families(split, len(pairs))
     report = {"checkpoint": str(checkpoint), "split": str(split), "pairs": len(pairs), "directions": {}}
+    domains = domain_rows(families)
+    everyday, software = domains["everyday"], domains["software"]
     # Half the examples from everyday sentences, half from the software text that dominates.
-    everyday = [i for i, f in enumerate(families) if f in EVERYDAY_FAMILIES]
-    dictionary = [i for i, f in enumerate(families) if f in DICTIONARY_FAMILIES]
-    software = [i for i, f in enumerate(families) if f not in EVERYDAY_FAMILIES + DICTIONARY_FAMILIES]
     shown = sorted(spread(everyday, examples // 2) + spread(software, examples - min(len(everyday), examples // 2)))
     for name, (src_col, tgt_col, target) in DIRECTIONS.items():
         started = time.perf_counter()
@@ -136,7 +147,7 @@ def evaluate(
         }
         result["by_domain"] = {
             domain: {"pairs": len(rows), **score([hypotheses[i] for i in rows], [references[i] for i in rows], target)}
-            for domain, rows in (("everyday", everyday), ("dictionary", dictionary), ("software", software))
+            for domain, rows in domains.items()
             if rows
         }
         result["examples"] = [

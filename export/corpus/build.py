@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from . import (Pair, cedict, cleaning, debian_docs, gettext_catalogs, hsk, libreoffice_help, split, stats,
-               tatoeba)
+               tatoeba, wesnoth)
 from .. import dictionary
 from .debs import DebCache
 
@@ -32,6 +32,7 @@ SOURCES: dict[str, Callable[[DebCache, Path], Iterable[Pair]]] = {
     "debian_handbook": lambda debs, cache: debian_docs.extract_handbook(debs),
     "tatoeba": lambda debs, cache: tatoeba.extract(cache / "downloads"),
     "cedict": lambda debs, cache: cedict.extract(),
+    "wesnoth": lambda debs, cache: wesnoth.extract(debs),
 }
 
 
