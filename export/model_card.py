@@ -160,7 +160,8 @@ def training_lines(state: dict, cfg: dict) -> list[str]:
             f"- Vocabulary: the {extended['from']:,} BPE pieces plus {extended['added']:,} characters that were <unk>"
             " (`python -m attnserve.export.extend_vocabulary`; their embeddings started as <unk>'s)."
         )
-    devices = sorted({re.sub(r"^cpu \((\d+) threads?\)$", lambda m: f"{m[1]} CPU thread" + "s" * (m[1] != "1"),
+    devices = sorted({re.sub(r"^cpu \((\d+) threads?(, bf16 autocast)?\)$",
+                             lambda m: f"{m[1]} CPU thread" + "s" * (m[1] != "1") + (" with bf16 autocast" if m[2] else ""),
                              p["device"]) for p in state.get("phases", []) if p.get("device")})
     where = ", ".join(devices) if devices else "2 shared CPU cores"
     return [

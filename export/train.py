@@ -59,6 +59,8 @@ class TrainOptions:
     average_last: int = 0
     # "cpu", or "cuda" (bf16 autocast, larger batches; checkpoints still load on CPU).
     device: str = "cpu"
+    # bf16 autocast on a CPU too: its matrix products run on AMX / AVX512-BF16 units where the CPU has them.
+    cpu_bf16: bool = False
 
 
 def read_pairs(path: pathlib.Path) -> list[tuple[str, str]]:
@@ -121,10 +123,10 @@ def collate(examples, indices, device: str = "cpu"):
     return src, (src != bpe.PAD_ID).long(), tgt[:, :-1], tgt[:, 1:]
 
 
-def loss_on(model, batch, label_smoothing: float) -> tuple[torch.Tensor, int]:
+def loss_on(model, batch, label_smoothing: float, cpu_bf16: bool = False) -> tuple[torch.Tensor, int]:
     src, src_mask, tgt_in, tgt_out = batch
-    # bf16 matrix products on a GPU (a no-op on CPU); the loss itself is taken in float32.
-    with torch.autocast(src.device.type, dtype=torch.bfloat16, enabled=src.device.type == "cuda"):
+    # bf16 matrix products on a GPU, and on a CPU when asked; the loss itself is taken in float32.
+    with torch.autocast(src.device.type, dtype=torch.bfloat16, enabled=src.device.type == "cuda" or cpu_bf16):
         logits = model(src, src_mask, tgt_in, (tgt_in != bpe.PAD_ID).long())
     loss = F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]),
@@ -257,17 +259,17 @@ def train(
     state["examples"] = len(examples)
     # Each invocation is a phase; the model card lists them (e.g. a final phase with upsampled sentences).
     state.setdefault("phases", []).append(
-        {"start_step": state["step"], "upsample": dict(opts.upsample), "device": device_name(opts.device)}
+        {"start_step": state["step"], "upsample": dict(opts.upsample), "device": device_name(opts.device, opts.cpu_bf16)}
     )
     log.info("model: %s, %.2fM parameters", cfg, sum(p.numel() for p in model.parameters()) / 1e6)
     run_epochs(model, optimizer, examples, dev, tokenizer, state, run, minutes, opts)
 
 
-def device_name(device: str) -> str:
+def device_name(device: str, cpu_bf16: bool = False) -> str:
     """What the model card says the run trained on."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    return f"cpu ({torch.get_num_threads()} threads)"
+    return f"cpu ({torch.get_num_threads()} threads{', bf16 autocast' if cpu_bf16 else ''})"
 
 
 def run_epochs(model, optimizer, examples, dev, tokenizer, state, run, minutes, opts) -> None:
@@ -284,7 +286,7 @@ def run_epochs(model, optimizer, examples, dev, tokenizer, state, run, minutes, 
             started = time.monotonic()
             for group in optimizer.param_groups:
                 group["lr"] = inverse_sqrt(state["step"] + 1, opts)
-            loss, n = loss_on(model, batch, opts.label_smoothing)
+            loss, n = loss_on(model, batch, opts.label_smoothing, opts.cpu_bf16)
             optimizer.zero_grad(set_to_none=True)
             (loss / n).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -371,6 +373,8 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=TrainOptions.warmup_steps)
     parser.add_argument("--vocab-size", type=int, default=TrainOptions.vocab_size)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (bf16 autocast)")
+    parser.add_argument("--cpu-bf16", action="store_true",
+                        help="bf16 autocast on the CPU too (for CPUs with AMX or AVX512-BF16; see docs/translators.md)")
     parser.add_argument("--checkpoint-minutes", type=float, default=TrainOptions.checkpoint_minutes)
     parser.add_argument("--select", default="", metavar="FAMILY,...",
                         help="dev families whose loss chooses best.pt (default: the whole dev split), e.g. hsk,cedict")
@@ -410,7 +414,7 @@ def main() -> None:
     upsample = tuple((family, int(n)) for family, _, n in (u.partition("=") for u in args.upsample))
     opts = TrainOptions(
         batch_tokens=args.batch_tokens, lr=args.lr, warmup_steps=args.warmup_steps, vocab_size=args.vocab_size,
-        upsample=upsample, device=args.device, checkpoint_minutes=args.checkpoint_minutes,
+        upsample=upsample, device=args.device, cpu_bf16=args.cpu_bf16, checkpoint_minutes=args.checkpoint_minutes,
         select_families=tuple(f for f in args.select.split(",") if f), average_last=args.average_last,
     )
     if args.device.startswith("cuda"):
