@@ -305,6 +305,25 @@ def test_one_training_step_lowers_the_loss():
     assert after.item() < before.item()
 
 
+def test_a_bf16_listener_trains_the_listener_in_bf16_and_leaves_the_speller_and_the_loss_float32():
+    torch.manual_seed(1)
+    model = ListenAttendSpell(tiny_config()).eval()  # no dropout: both passes see the same network
+    features, mask = pad_features([frames(90), frames(60)], 8)
+    tgt = torch.tensor([[vocabulary.START_ID, 11, 8, 4, 9, vocabulary.EOS_ID], [vocabulary.START_ID, 13, 5, 9, vocabulary.EOS_ID, 0]])
+    batch = Batch(features, mask, tgt[:, :-1], tgt[:, 1:], 1.5)
+    dtypes = []
+    model.listener.bottom.register_forward_hook(lambda m, i, out: dtypes.append(("listener", out.dtype)))
+    model.speller.out.register_forward_hook(lambda m, i, out: dtypes.append(("speller", out.dtype)))
+    full = joint_loss(model, batch, TrainOptions(label_smoothing=0.0))
+    half_start = len(dtypes)
+    half = joint_loss(model, batch, TrainOptions(label_smoothing=0.0, bf16_listener=True))
+    assert set(dtypes[:half_start]) == {("listener", torch.float32), ("speller", torch.float32)}
+    assert set(dtypes[half_start:]) == {("listener", torch.bfloat16), ("speller", torch.float32)}
+    assert half.dtype == torch.float32 and abs(half.item() - full.item()) / full.item() < 0.02
+    half.backward()
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
+
+
 def test_collate_pads_frames_to_the_reduction_and_targets_with_start_and_eos(tmp_path):
     data = [wav_bytes(speech(s, seed=i), 16000) for i, s in enumerate([0.5, 0.8])]
     rows = []

@@ -264,18 +264,22 @@ class ListenAttendSpell(nn.Module):
         step's `previous`."""
         return self.speller.step(self.speller.embed(input_ids), h, c, context, previous, memory, keys, mask)
 
-    def forward(self, features, mask, tgt_in, augment: Callable | None = None):
+    def forward(self, features, mask, tgt_in, augment: Callable | None = None, bf16_listener: bool = False):
         """Teacher-forced training pass.
 
         Args:
             features: (B, T, M) frames, T a multiple of time_reduction; mask: (B, T).
             tgt_in: (B, U) the start token and the transcript's characters (padded with <pad>).
             augment: see Listener.forward.
+            bf16_listener: run the listener in bf16 autocast (its BiLSTMs on a CPU's AMX / AVX512-BF16 units);
+                the speller stays float32, where casting at each of its steps costs more than it saves.
 
         Returns:
             attention logits (B, U, V); CTC log-probabilities (B, T / ctc_reduction, V) and their lengths (B,).
         """
-        memory, reduced, ctc_states, ctc_mask = self.listener(features, mask, augment)
+        with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=bf16_listener):
+            memory, reduced, ctc_states, ctc_mask = self.listener(features, mask, augment)
+        memory, ctc_states = memory.float(), ctc_states.float()
         keys = self.speller.attention.keys(memory)
         h, c = self.speller.initial_state(memory, reduced)
         context = self.initial_context(features.shape[0]).to(memory.dtype)
