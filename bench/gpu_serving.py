@@ -1,0 +1,89 @@
+"""The served translator on the CUDA provider against the CPU provider: the same tokens, and tokens/s at
+batch 1, 32 and 128.
+
+    python bench/gpu_serving.py --models models --devices cpu cuda --out gpu_serving.json   # on the GPU machine
+    .venv/bin/python bench/gpu_serving.py --devices cpu cpu --sentences 16 --batches 1 8    # a rehearsal here
+
+Both devices serve the same model version through `load_engine`, as `attnserve serve --device` does (one
+intra-op thread on the CPU). Parity: `--sentences` test-split sentences in each direction, greedy, each
+device's output text compared. Throughput: the same sentences sent in groups of `batch` requests submitted
+together (continuous batching encodes and decodes each group as one batch), generated tokens over wall
+time, after one warm-up group. The decoder's inputs are host arrays on every step (no IO binding yet), so
+on a GPU this measures the copies too. Run on the device machine by bench/gpu_serving.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine import load_engine
+from attnserve.server.generation import DecodingOptions, GenerationRequest
+from attnserve.server.repository import find_models
+from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.scheduler import SchedulingOptions
+
+
+def read_requests(split: pathlib.Path, model: str, count: int) -> list[GenerationRequest]:
+    """`count` sentences each way, alternating directions."""
+    pairs = [line.split("\t") for line in split.read_text(encoding="utf-8").splitlines()[:count]]
+    requests = []
+    for en, zh in pairs:
+        requests += [GenerationRequest(model, zh, "en", DecodingOptions(128)),
+                     GenerationRequest(model, en, "zh-TW", DecodingOptions(128))]
+    return requests
+
+
+def run_all(engine, requests: list[GenerationRequest], batch: int) -> tuple[list[str], int, float]:
+    """Texts, generated tokens and seconds for `requests` sent `batch` at a time."""
+    texts, tokens, started = [], 0, time.perf_counter()
+    for begin in range(0, len(requests), batch):
+        futures = [engine.submit(r) for r in requests[begin : begin + batch]]
+        results = [f.result() for f in futures]
+        texts += [r.text for r in results]
+        tokens += sum(len(r.tokens) for r in results)
+    return texts, tokens, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
+    parser.add_argument("--model", default="translate-zh-en")
+    parser.add_argument("--split", type=pathlib.Path, default=pathlib.Path("data/corpus/test.tsv"))
+    parser.add_argument("--sentences", type=int, default=256, help="sentences per direction")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument("--devices", nargs=2, default=["cpu", "cuda"], metavar=("REFERENCE", "OTHER"))
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args()
+    version = find_models(args.models, only=[args.model])[args.model]
+    requests = read_requests(args.split, args.model, args.sentences)
+    widest = max(args.batches)
+    batching = BatchingOptions(max_batch_size=widest, max_queue_size=max(256, widest),
+                               continuous=SchedulingOptions(max_rows=widest))
+    report = {"model": f"{args.model} {version.version}", "requests": len(requests), "devices": {}}
+    outputs = {}
+    for index, device in enumerate(args.devices):
+        engine = load_engine(version, RuntimeOptions(device=device), batching)
+        try:
+            run_all(engine, requests[:widest], widest)  # warm-up: sessions, allocator, lazy state
+            entry = {"providers": engine.runtime.providers, "tokens_per_s": {}}
+            for batch in args.batches:
+                texts, tokens, seconds = run_all(engine, requests, batch)
+                entry["tokens_per_s"][batch] = round(tokens / seconds, 1)
+                outputs.setdefault(index, texts)
+                print(f"{device} batch {batch}: {tokens / seconds:.0f} tokens/s", flush=True)
+            report["devices"][f"{index}:{device}"] = entry
+        finally:
+            engine.close()
+    same = sum(a == b for a, b in zip(outputs[0], outputs[1]))
+    report["identical_outputs"] = f"{same} / {len(requests)}"
+    print(json.dumps(report, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
