@@ -374,7 +374,7 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=TrainOptions.vocab_size)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (bf16 autocast)")
     parser.add_argument("--cpu-bf16", action="store_true",
-                        help="bf16 autocast on the CPU too (CPUs with AMX or AVX512-BF16): 1.2-1.3x here (bench/README.md)")
+                        help="bf16 autocast on the CPU too (CPUs with AMX or AVX512-BF16): 1.1-1.3x here (bench/README.md)")
     parser.add_argument("--checkpoint-minutes", type=float, default=TrainOptions.checkpoint_minutes)
     parser.add_argument("--select", default="", metavar="FAMILY,...",
                         help="dev families whose loss chooses best.pt (default: the whole dev split), e.g. hsk,cedict")
