@@ -86,13 +86,15 @@ def examples_section(scores: dict) -> list[str]:
 
 
 def phase_lines(state: dict) -> list[str]:
-    """One line per training run that changed the data mix (runs before phases were recorded count as one)."""
-    phases = [p for p in state.get("phases", []) if p["upsample"]]
-    return [
-        f"- From step {p['start_step']:,} on: training pairs of {', '.join(f'{k} x{v}' for k, v in p['upsample'].items())}"
-        " (repeated in the data mix)."
-        for p in phases
-    ]
+    """One line per training run that changed the data mix (runs before phases were recorded count as one);
+    a resumed run with the same mix adds none."""
+    lines, previous = [], None
+    for p in state.get("phases", []):
+        if p["upsample"] and p["upsample"] != previous:
+            lines.append(f"- From step {p['start_step']:,} on: training pairs of "
+                         f"{', '.join(f'{k} x{v}' for k, v in p['upsample'].items())} (repeated in the data mix).")
+        previous = p["upsample"]
+    return lines
 
 
 def everyday_share(stats: dict) -> float:
