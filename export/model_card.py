@@ -15,6 +15,8 @@ import re
 
 import torch
 
+from attnserve.export.evaluate import DOMAIN_FAMILIES
+
 
 def size_table(model_dir: pathlib.Path) -> list[str]:
     rows = ["| file | size |", "|---|---|"]
@@ -26,9 +28,9 @@ def size_table(model_dir: pathlib.Path) -> list[str]:
 
 # Card column -> corpus families (evaluate.py's domains, with software text broken down).
 CORPUS_COLUMNS = {
-    "everyday sentences (HSK, Tatoeba)": ("hsk", "tatoeba"),
-    "dictionary (CC-CEDICT)": ("cedict",),
-    "story (Wesnoth)": ("wesnoth",),
+    "everyday sentences (HSK, Tatoeba)": DOMAIN_FAMILIES["everyday"],
+    "dictionary (CC-CEDICT)": DOMAIN_FAMILIES["dictionary"],
+    "story (Wesnoth)": DOMAIN_FAMILIES["story"],
     "software UI (gettext)": ("gettext",),
     "LibreOffice help": ("libreoffice_help",),
     "Debian docs": ("debian_reference", "debian_handbook"),
@@ -54,7 +56,7 @@ def domain_scores(direction: dict) -> dict[str, dict]:
 
 
 def scores_section(scores: dict) -> list[str]:
-    domains = [d for d in ("everyday", "dictionary", "story", "software") if d in domain_scores(next(iter(
+    domains = [d for d in DOMAIN_FAMILIES if d in domain_scores(next(iter(
         scores["directions"].values())))]
     rows = [
         "| direction | BLEU | chrF | " + " | ".join(f"{d} BLEU / chrF" for d in domains)
