@@ -58,9 +58,15 @@ def _mo_blobs(package: str, root: Path) -> Iterable[tuple[str, bytes]]:
                 if name.startswith("zh_TW/") and name.endswith(".mo"):
                     yield name, archive.read(name)
         return
+    for path in zh_tw_catalogs(root):
+        yield str(path.relative_to(root)), path.read_bytes()
+
+
+def zh_tw_catalogs(root: Path) -> Iterator[Path]:
+    """Every ``.mo`` file under a ``zh_TW`` locale directory of an unpacked package, in path order."""
     for path in sorted(root.rglob("*.mo")):
         if _is_zh_tw(path.relative_to(root)):
-            yield str(path.relative_to(root)), path.read_bytes()
+            yield path
 
 
 def extract(debs, packages: Iterable[str] = PACKAGES) -> Iterator[Pair]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import Pair
-from .gettext_catalogs import catalog_pairs
+from .gettext_catalogs import catalog_pairs, zh_tw_catalogs
 
 CAMPAIGNS = ("did", "dm", "dw", "ei", "httt", "l", "low", "nr", "sof", "sota", "sotbe", "thot", "trow", "tsg",
              "ttb", "utbs")
@@ -32,9 +32,7 @@ def has_markup(text: str) -> bool:
 
 def catalogs(root: Path) -> Iterator[Path]:
     """The zh_TW story catalogs under an unpacked package."""
-    for path in sorted(root.rglob("*.mo")):
-        if "zh_TW" in path.parts and path.stem not in UI_CATALOGS:
-            yield path
+    return (path for path in zh_tw_catalogs(root) if path.stem not in UI_CATALOGS)
 
 
 def extract(debs) -> Iterator[Pair]:
