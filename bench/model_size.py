@@ -28,7 +28,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from attnserve.export import onnx_export, train
+from attnserve.export import bpe, onnx_export, train
 from attnserve.export.model import Transformer, TransformerConfig
 
 SHAPES = [(256, 3, 1024), (384, 3, 1536), (512, 3, 2048), (256, 6, 1024)]
@@ -99,7 +99,7 @@ def main() -> None:
     batches = random.Random(1).sample(batches, args.steps + 1)
     models = {shape: make_model(*shape, vocab).train() for shape in SHAPES}
     seconds = {(shape, bf16): [] for shape in SHAPES for bf16 in (False, True)}
-    tokens = sum(int((b[3] != 0).sum()) for b in batches[1:])
+    tokens = sum(int((b[3] != bpe.PAD_ID).sum()) for b in batches[1:])
     for i, batch in enumerate(batches):
         for shape, model in models.items():
             for bf16 in (False, True):
