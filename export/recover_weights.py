@@ -29,13 +29,19 @@ from attnserve.export.model import Transformer, TransformerConfig
 PREFIX = "model."
 
 
+def initializer_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Every initializer by name, and by the names Identity nodes give it (equal tensors are stored once)."""
+    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Identity" and node.input[0] in values:
+            values[node.output[0]] = values[node.input[0]]
+    return values
+
+
 def graph_weights(path: pathlib.Path) -> dict[str, np.ndarray]:
     """Parameter name -> value, for every parameter one graph holds."""
     graph = onnx.load(str(path)).graph
-    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-    for node in graph.node:  # equal tensors are stored once; the other names are Identity nodes of it
-        if node.op_type == "Identity" and node.input[0] in values:
-            values[node.output[0]] = values[node.input[0]]
+    values = initializer_values(graph)
     found = {name[len(PREFIX) :]: value for name, value in values.items() if name.startswith(PREFIX)}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:

@@ -180,3 +180,15 @@ def tiny_speech_repo(tmp_path_factory, tiny_speech_model, tiny_tokenizer) -> pat
     start = bpe.language_token_ids(tiny_tokenizer)["en"]
     tiny_speech.write_manifest(folder, tiny_speech.manifest(TINY_SPEECH_NAME, start))
     return repo
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """Tiny tensors: one intra-op thread is fastest, and spinning threads slow to a crawl on a busy machine
+    (a module asks for it with `pytestmark = pytest.mark.usefixtures("torch_one_thread")`)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -85,13 +85,7 @@ def words() -> AttentionOptions:
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is fastest, and spinning threads slow to a crawl on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 # ---- decoding ------------------------------------------------------------------------------------------
 

@@ -48,13 +48,7 @@ def corpus(tmp_path_factory) -> pathlib.Path:
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is fastest, and spinning threads slow to a crawl on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 # ---- scenes --------------------------------------------------------------------------------------------
 

@@ -51,12 +51,7 @@ def speech(seconds: float, rate: int = 16000, seed: int = 0) -> np.ndarray:
     return 0.3 * np.sin(2 * np.pi * (150 + 700 * t) * t) * (1 + np.sin(2 * np.pi * 3 * t)) / 2 + noise
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")
