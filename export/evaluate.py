@@ -111,6 +111,15 @@ def domain_rows(families: list[str]) -> dict[str, list[int]]:
     return rows
 
 
+def by_domain(hypotheses: list[str], references: list[str], domains: dict[str, list[int]], target: str) -> dict:
+    """Scores per domain (`domain_rows`), for the domains that have pairs."""
+    return {
+        domain: {"pairs": len(rows), **score([hypotheses[i] for i in rows], [references[i] for i in rows], target)}
+        for domain, rows in domains.items()
+        if rows
+    }
+
+
 def spread(indices: list[int], n: int) -> list[int]:
     step = max(len(indices) // max(n, 1), 1)
     return indices[::step][:n]
@@ -142,11 +151,7 @@ def evaluate(
             for family in sorted(set(families))
             for rows in [[i for i, f in enumerate(families) if f == family]]
         }
-        result["by_domain"] = {
-            domain: {"pairs": len(rows), **score([hypotheses[i] for i in rows], [references[i] for i in rows], target)}
-            for domain, rows in domains.items()
-            if rows
-        }
+        result["by_domain"] = by_domain(hypotheses, references, domains, target)
         result["examples"] = [
             {"family": families[i], "source": sources[i], "reference": references[i], "hypothesis": hypotheses[i]}
             for i in shown
@@ -166,7 +171,8 @@ def evaluate(
                                             "seconds": round(time.perf_counter() - started, 1)}
             if beam_size > 1:
                 beams = translate_served(*served, sources, target, beam_size=beam_size)
-                result["served_beam"] = {"beam_size": beam_size, **score(beams, references, target)}
+                result["served_beam"] = {"beam_size": beam_size, **score(beams, references, target),
+                                         "by_domain": by_domain(beams, references, domains, target)}
         report["directions"][name] = result
     return report
 

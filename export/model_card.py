@@ -76,6 +76,31 @@ def scores_section(scores: dict) -> list[str]:
     return rows
 
 
+def default_search_lines(manifest: dict) -> list[str]:
+    beams = manifest.get("decoding", {}).get("beam_size", 1)
+    if beams == 1:
+        return []
+    return [f"- Default search: {beams} beams (manifest `decoding.beam_size`): what a request that names no"
+            " search gets; `beam_size` 1 asks for greedy."]
+
+
+def beam_domain_section(scores: dict) -> list[str]:
+    """Served beam search against greedy, by domain (reports that scored beam search by domain)."""
+    directions = {name: d for name, d in scores["directions"].items() if "by_domain" in d.get("served_beam", {})}
+    if not directions:
+        return []
+    beams = next(iter(directions.values()))["served_beam"]["beam_size"]
+    lines = [f"### Served beam search ({beams} beams) against greedy, by domain", "",
+             "| direction | domain | pairs | greedy BLEU / chrF | beam BLEU / chrF |", "|---|---|---|---|---|"]
+    for name, d in directions.items():
+        greedy = domain_scores(d)
+        for domain, beam in d["served_beam"]["by_domain"].items():
+            g = greedy.get(domain, {})
+            lines.append(f"| {name} | {domain} | {beam['pairs']:,} | {g.get('bleu', '-')} / {g.get('chrf', '-')} |"
+                         f" {beam['bleu']} / {beam['chrf']} |")
+    return lines + [""]
+
+
 def examples_section(scores: dict) -> list[str]:
     lines = []
     for name, d in scores["directions"].items():
@@ -270,6 +295,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
         *opening,
         f"- Limits: {manifest['limits']['max_source_tokens']} source tokens, {manifest['limits']['max_new_tokens']}"
         " new tokens. Greedy and beam search.",
+        *default_search_lines(manifest),
         "",
         "## Training",
         *training_lines(state, cfg),
@@ -291,6 +317,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
         "",
         f"Everyday sentences are {everyday_share(stats):.0%} of the training pairs.",
         "",
+        *beam_domain_section(scores),
         *(comparison_section(previous, scores, manifest["version"] - 1) if previous else []),
         *(lecture_section(lecture, previous_lecture) if lecture else []),
         "## Examples (test split)",

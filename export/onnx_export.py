@@ -189,6 +189,8 @@ def translation_manifest(
 ) -> dict:
     """What every zh-TW <-> en translator's manifest shares around its architecture-specific parts."""
     max_positions = model_config["max_positions"]
+    # Requests that name no search get this many beams (the manifest's decoding.beam_size); none = greedy.
+    decoding = {"decoding": {"beam_size": extra["default_beam_size"]}} if extra.get("default_beam_size") else {}
     return {
         "format_version": 1,
         "name": name,
@@ -208,6 +210,7 @@ def translation_manifest(
             "max_source_tokens": extra.get("max_source_tokens", max_positions // 2),
             "max_new_tokens": extra.get("max_new_tokens", max_positions // 2),
         },
+        **decoding,
         "attention": {**attention, "default_layer": extra.get("attention_layer", -1)},
         "encoder": {"file": "encoder.onnx", "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask"}},
         "decoder": {"file": "decoder.onnx", "inputs": decoder_inputs, "outputs": {"logits": "logits"}},
@@ -252,6 +255,8 @@ def main() -> None:
     parser.add_argument(
         "--attention-layer", type=int, default=-1, help="layer served when a request names none (the best aligned)"
     )
+    parser.add_argument("--default-beam-size", type=int,
+                        help="beams for requests that name no search (unset: greedy)")
     args = parser.parse_args()
     model, tokenizer = load_checkpoint(args.checkpoint)
     version = int(args.out.name)
@@ -264,6 +269,7 @@ def main() -> None:
         max_source_tokens=args.max_source_tokens,
         max_new_tokens=args.max_new_tokens,
         attention_layer=args.attention_layer,
+        default_beam_size=args.default_beam_size,
     )
     print(f"exported {args.name} v{version} to {args.out}")
 

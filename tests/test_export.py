@@ -182,6 +182,19 @@ def test_manifest_names_every_graph_tensor(tiny_model_dir):
     assert set(tokenizer_ids) == set(manifest["languages"]["target"])
 
 
+def test_an_exported_default_search_reaches_the_served_model_info(tiny_torch_model, tiny_tokenizer, tmp_path):
+    """`onnx_export --default-beam-size` names the search requests without one get; unset, they get greedy."""
+    from attnserve.export.onnx_export import build_manifest
+    from attnserve.server.manifest import load_manifest
+
+    for beams, expected in ((4, 4), (None, 1)):
+        manifest = build_manifest(tiny_torch_model.cfg, tiny_tokenizer, "tiny", 1, default_beam_size=beams)
+        path = tmp_path / f"manifest-{beams}.json"
+        path.write_text(json.dumps(manifest))
+        assert ("decoding" in manifest) == (beams is not None)
+        assert load_manifest(path).decoding.beam_size == expected
+
+
 def test_decoder_graph_holds_one_copy_of_the_embedding(tiny_model_dir, tiny_torch_model):
     """The tied output projection reads the embedding table; a folded transposed copy would double its size."""
     cfg = tiny_torch_model.cfg

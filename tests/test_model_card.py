@@ -38,3 +38,20 @@ def test_section_goes_before_files_and_a_rerun_replaces_it():
     twice = with_section(once, alignment_lines(changed, "m"))
     assert twice.count(ALIGNMENT_TITLE) == 1 and "on 99 test pairs" in twice and "on 12 test pairs" not in twice
     assert twice.endswith("## Files\n\n| f |\n")
+
+
+def test_beam_search_is_shown_by_domain_beside_greedy_and_the_default_search_is_named():
+    from attnserve.export.model_card import beam_domain_section, default_search_lines
+
+    row = lambda bleu, chrf, pairs=5: {"pairs": pairs, "bleu": bleu, "chrf": chrf}  # noqa: E731
+    direction = {"by_domain": {"everyday": row(10.0, 30.0), "software": row(20.0, 40.0)},
+                 "served_beam": {"beam_size": 4, "bleu": 1, "chrf": 2,
+                                 "by_domain": {"everyday": row(12.5, 33.3), "software": row(21.0, 41.0)}}}
+    lines = beam_domain_section({"directions": {"zh-TW->en": direction}})
+    assert lines[0] == "### Served beam search (4 beams) against greedy, by domain"
+    assert "| zh-TW->en | everyday | 5 | 10.0 / 30.0 | 12.5 / 33.3 |" in lines
+    assert "| zh-TW->en | software | 5 | 20.0 / 40.0 | 21.0 / 41.0 |" in lines
+    older = {"directions": {"zh-TW->en": {**direction, "served_beam": {"beam_size": 4, "bleu": 1, "chrf": 2}}}}
+    assert beam_domain_section(older) == []  # reports before beam search was scored by domain
+    assert "4 beams" in default_search_lines({"decoding": {"beam_size": 4}})[0]
+    assert default_search_lines({}) == [] and default_search_lines({"decoding": {"beam_size": 1}}) == []
