@@ -85,13 +85,18 @@ def main() -> None:
         outputs = translate_all(checks, lambda texts, target: evaluate.translate(model, tokenizer, texts, target))
     elif args.served_models:
         engine = evaluate.open_engine(args.served_models, args.served_name)
+        beams = engine.info.default_beam_size
         try:
-            outputs = translate_all(checks, lambda texts, target: evaluate.translate_with(engine, texts, target))
+            # beam_size 0 = unset: the model's default search, what a demo's request gets
+            outputs = translate_all(checks, lambda texts, target: evaluate.translate_with(engine, texts, target,
+                                                                                          beam_size=0))
         finally:
             engine.close()
     else:
         parser.error("give --checkpoint or --served-models")
     report = judge(checks, outputs)
+    if args.served_models:
+        report["beam_size"] = beams
     for result in report["results"]:
         print(f"{'ok ' if result['right'] else 'NO '} {result['source']} -> {result['output']}")
     print(f"{report['right']}/{report['total']} right")

@@ -76,6 +76,10 @@ def scores_section(scores: dict) -> list[str]:
     return rows
 
 
+def search_words(beams: int) -> str:
+    return "greedy" if beams == 1 else f"with {beams} beams (the default search)"
+
+
 def default_search_lines(manifest: dict) -> list[str]:
     beams = manifest.get("decoding", {}).get("beam_size", 1)
     if beams == 1:
@@ -156,7 +160,8 @@ def lecture_section(report: dict, previous: dict | None) -> list[str]:
         "",
         f"{report['right']} of {report['total']} right"
         + (f" (the previous version: {previous['right']})" if previous else "")
-        + ", served greedy. Right means equal to an accepted answer, ignoring case and final punctuation.",
+        + f", served {search_words(report.get('beam_size', 1))}. Right means equal to an accepted answer, ignoring"
+        " case and final punctuation.",
         "",
         "| source | this version | right | previous version |",
         "|---|---|---|---|",

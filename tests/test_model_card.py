@@ -55,3 +55,13 @@ def test_beam_search_is_shown_by_domain_beside_greedy_and_the_default_search_is_
     assert beam_domain_section(older) == []  # reports before beam search was scored by domain
     assert "4 beams" in default_search_lines({"decoding": {"beam_size": 4}})[0]
     assert default_search_lines({}) == [] and default_search_lines({"decoding": {"beam_size": 1}}) == []
+
+
+def test_the_lecture_section_names_the_search_that_answered():
+    from attnserve.export.model_card import lecture_section
+
+    result = {"source": "深度學習", "target": "en", "output": "deep learning", "right": True,
+              "accepted": ["deep learning"]}
+    report = {"right": 1, "total": 1, "results": [result]}
+    assert ", served greedy." in "\n".join(lecture_section(report, None))  # reports before the key: greedy
+    assert ", served with 4 beams (the default search)." in "\n".join(lecture_section({**report, "beam_size": 4}, None))
