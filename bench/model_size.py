@@ -81,7 +81,7 @@ def decoder_step_ms(folder: pathlib.Path, cfg: TransformerConfig, batch: int, re
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=pathlib.Path, default=pathlib.Path("models/translate-zh-en/4"),
+    parser.add_argument("--model-dir", type=pathlib.Path, default=pathlib.Path("models/translate-zh-en/5"),
                         help="whose tokenizer (vocabulary) the shapes use")
     parser.add_argument("--corpus", type=pathlib.Path, default=pathlib.Path("data/corpus/train.tsv"))
     parser.add_argument("--steps", type=int, default=4, help="training steps per shape and precision")
