@@ -82,19 +82,16 @@ def _constant(graph: onnx.GraphProto, values: dict[str, np.ndarray], name: str) 
     raise ValueError(f"{name} is neither an initializer nor a Constant")
 
 
-def _ctc_reduction(encoder_path: pathlib.Path, time_reduction: int) -> int:
-    """Frames per CTC output, measured: the encoder run on silence of a known length."""
+def _ctc_reduction(encoder_path: pathlib.Path) -> int:
+    """Frames per CTC output, measured: the encoder run on silence."""
     session = ort.InferenceSession(str(encoder_path), providers=["CPUExecutionProvider"])
-    frames = 16 * time_reduction
-    feeds = {"input_features": np.zeros((1, frames, _input_width(session)), np.float32),
+    frames = 1680  # 2**4 * 3 * 5 * 7: a whole number of every time reduction up to 16
+    width = next(i.shape[-1] for i in session.get_inputs() if i.name == "input_features")
+    feeds = {"input_features": np.zeros((1, frames, width), np.float32),
              "attention_mask": np.ones((1, frames), np.int64)}
     names = [o.name for o in session.get_outputs()]
     log_probs = dict(zip(names, session.run(None, feeds)))["ctc_log_probs"]
     return frames // log_probs.shape[1]
-
-
-def _input_width(session: ort.InferenceSession) -> int:
-    return next(i.shape[-1] for i in session.get_inputs() if i.name == "input_features")
 
 
 def config_of(weights: dict[str, np.ndarray], floor: float, n_mels: int, ctc_reduction: int) -> ListenAttendSpellConfig:
@@ -132,10 +129,7 @@ def recover(model_dir: pathlib.Path, state: dict | None = None) -> dict:
     if floor is None:
         raise ValueError(f"{encoder_path.name}: no Clip on input_features (the feature floor)")
     weights = {**encoder, **decoder}
-    n_mels = manifest["input"]["features"]["n_mels"]
-    stack_frames = weights["listener.bottom.forward_rnn.weight_ih_l0"].shape[1] // n_mels
-    pyramid = len({k.split(".")[2] for k in weights if k.startswith("listener.pyramid.")})
-    cfg = config_of(weights, floor, n_mels, _ctc_reduction(encoder_path, stack_frames * 2**pyramid))
+    cfg = config_of(weights, floor, manifest["input"]["features"]["n_mels"], _ctc_reduction(encoder_path))
     model = ListenAttendSpell(cfg)
     expected = set(model.state_dict())
     if missing := expected - weights.keys():
