@@ -111,11 +111,11 @@ def domain_rows(families: list[str]) -> dict[str, list[int]]:
     return rows
 
 
-def by_domain(hypotheses: list[str], references: list[str], domains: dict[str, list[int]], target: str) -> dict:
-    """Scores per domain (`domain_rows`), for the domains that have pairs."""
+def by_group(hypotheses: list[str], references: list[str], groups: dict[str, list[int]], target: str) -> dict:
+    """Scores per group of pair indices (families, or domains from `domain_rows`), for the groups with pairs."""
     return {
-        domain: {"pairs": len(rows), **score([hypotheses[i] for i in rows], [references[i] for i in rows], target)}
-        for domain, rows in domains.items()
+        group: {"pairs": len(rows), **score([hypotheses[i] for i in rows], [references[i] for i in rows], target)}
+        for group, rows in groups.items()
         if rows
     }
 
@@ -136,6 +136,7 @@ def evaluate(
     families = read_families(split, len(pairs))
     report = {"checkpoint": str(checkpoint), "split": str(split), "pairs": len(pairs), "directions": {}}
     domains = domain_rows(families)
+    family_rows = {family: [i for i, f in enumerate(families) if f == family] for family in sorted(set(families))}
     everyday, software = domains["everyday"], domains["software"]
     # Half the examples from everyday sentences, half from the software text that dominates.
     shown = sorted(spread(everyday, examples // 2) + spread(software, examples - min(len(everyday), examples // 2)))
@@ -146,12 +147,8 @@ def evaluate(
         hypotheses = translate(model, tokenizer, sources, target)
         result = score(hypotheses, references, target)
         result["seconds"] = round(time.perf_counter() - started, 1)
-        result["by_family"] = {
-            family: {"pairs": len(rows), **score([hypotheses[i] for i in rows], [references[i] for i in rows], target)}
-            for family in sorted(set(families))
-            for rows in [[i for i, f in enumerate(families) if f == family]]
-        }
-        result["by_domain"] = by_domain(hypotheses, references, domains, target)
+        result["by_family"] = by_group(hypotheses, references, family_rows, target)
+        result["by_domain"] = by_group(hypotheses, references, domains, target)
         result["examples"] = [
             {"family": families[i], "source": sources[i], "reference": references[i], "hypothesis": hypotheses[i]}
             for i in shown
@@ -172,7 +169,7 @@ def evaluate(
             if beam_size > 1:
                 beams = translate_served(*served, sources, target, beam_size=beam_size)
                 result["served_beam"] = {"beam_size": beam_size, **score(beams, references, target),
-                                         "by_domain": by_domain(beams, references, domains, target)}
+                                         "by_domain": by_group(beams, references, domains, target)}
         report["directions"][name] = result
     return report
 
