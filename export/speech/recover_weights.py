@@ -35,6 +35,7 @@ from attnserve.export.recover_weights import PREFIX, initializer_values
 from attnserve.export.speech import vocabulary
 from attnserve.export.speech.export import parity
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig
+from attnserve.export.speech.train import fresh_state
 
 # ONNX LSTM gate blocks (i, o, f, c) -> PyTorch's (i, f, g, o).
 _TORCH_GATE_ORDER = [0, 2, 3, 1]
@@ -137,13 +138,11 @@ def recover(model_dir: pathlib.Path, state: dict | None = None) -> dict:
     if extra := weights.keys() - expected:
         raise ValueError(f"in the graphs but not in {cfg}: {sorted(extra)}")
     model.load_state_dict({k: torch.from_numpy(np.array(weights[k], dtype=np.float32)) for k in expected})
-    base = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "audio_seconds": 0.0, "seconds": 0.0, "best_cer": math.inf,
-            "history": []}
     return {
         "model": model.state_dict(),
         **checkpoint_fields(model),
         "tokenizer": vocabulary.character_tokenizer().to_str(),
-        "state": {**base, **(state or {}), "recovered_from": str(model_dir)},
+        "state": {**fresh_state(), **(state or {}), "recovered_from": str(model_dir)},
     }
 
 

@@ -253,6 +253,12 @@ def load_weights(path: pathlib.Path) -> dict:
     return ckpt
 
 
+def fresh_state() -> dict:
+    """The training state of a run that has not taken a step (a checkpoint's `state` carries it on)."""
+    return {"step": 0, "epoch": 0, "batch_in_epoch": 0, "audio_seconds": 0.0, "seconds": 0.0, "best_cer": math.inf,
+            "history": []}
+
+
 DEFAULT_FEATURES = pathlib.Path.home() / ".cache/attnserve/speech-features"
 
 
@@ -295,8 +301,7 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ListenAt
         log.info("resuming with the run's own model config; the command line's differs")
         cfg = ListenAttendSpellConfig(**ckpt["config"])
     model = ListenAttendSpell(cfg)
-    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "audio_seconds": 0.0, "seconds": 0.0, "best_cer": math.inf,
-             "history": []}
+    state = fresh_state()
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         state = ckpt["state"]
