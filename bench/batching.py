@@ -114,7 +114,7 @@ def build_requests(
                 model=engine.manifest.name,
                 text=text,
                 target_language=target,
-                decoding=DecodingOptions(max_new_tokens=cap),
+                decoding=DecodingOptions(max_new_tokens=cap, beam_size=1),
                 attention=options,
                 request_id=f"bench-{i}",
             )

@@ -39,7 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from attnserve.clients.client import AsyncClient
 from attnserve.export.train import read_pairs
 from attnserve.server.engine import load_engine
-from attnserve.server.generation import GenerationRequest, GenerationResult
+from attnserve.server.generation import GREEDY, GenerationRequest, GenerationResult
 from attnserve.server.repository import find_models
 
 STARTUP_SECONDS = 120
@@ -182,8 +182,8 @@ def main() -> None:
     args = parser.parse_args()
 
     pairs = read_pairs(args.split)[: args.sentences // 2]
-    requests = [r for _, zh in pairs for r in [GenerationRequest(args.model, zh, "en")]] + [
-        GenerationRequest(args.model, en, "zh-TW") for en, _ in pairs]
+    requests = [r for _, zh in pairs for r in [GenerationRequest(args.model, zh, "en", GREEDY)]] + [
+        GenerationRequest(args.model, en, "zh-TW", GREEDY) for en, _ in pairs]
     requests = requests[0::2] + requests[1::2]  # mix the directions and lengths
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     only = [] if args.all_models else ["--model", args.model]

@@ -43,7 +43,7 @@ from attnserve.export.recover_weights import recover
 from attnserve.export.train import read_pairs
 from attnserve.server.batcher import BatchingOptions
 from attnserve.server.engine import load_engine
-from attnserve.server.generation import GenerationRequest
+from attnserve.server.generation import GREEDY, GenerationRequest
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 
@@ -205,8 +205,8 @@ def main() -> None:
     version = find_models(args.models)[args.model]
     manifest = version.manifest
     pairs = read_pairs(args.split)[: args.sentences // 2]
-    requests = [GenerationRequest(args.model, zh, "en") for _, zh in pairs] + [
-        GenerationRequest(args.model, en, "zh-TW") for en, _ in pairs]
+    requests = [GenerationRequest(args.model, zh, "en", GREEDY) for _, zh in pairs] + [
+        GenerationRequest(args.model, en, "zh-TW", GREEDY) for en, _ in pairs]
     vocabulary = pieces(version.path)
     engines = {"attnserve float32": load_engine(version, RuntimeOptions(), BatchingOptions(max_batch_size=32))}
     if args.int8_models:

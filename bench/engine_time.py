@@ -22,7 +22,7 @@ import time
 from attnserve.export.train import read_pairs
 from attnserve.server import decoding, kv_cache, runtime, slots
 from attnserve.server.engine import load_engine
-from attnserve.server.generation import GenerationRequest
+from attnserve.server.generation import GREEDY, GenerationRequest
 from attnserve.server.repository import find_models
 
 TIMED = [(decoding.Batch, "build"), (decoding.Batch, "step"), (decoding.Batch, "select"), (decoding.Batch, "merge"),
@@ -59,8 +59,8 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, help="also write the report here (JSON)")
     args = parser.parse_args()
     pairs = read_pairs(args.split)[:300]
-    requests = [GenerationRequest(args.model, zh, "en") for _, zh in pairs] + [
-        GenerationRequest(args.model, en, "zh-TW") for en, _ in pairs]
+    requests = [GenerationRequest(args.model, zh, "en", GREEDY) for _, zh in pairs] + [
+        GenerationRequest(args.model, en, "zh-TW", GREEDY) for en, _ in pairs]
     requests = requests[0::2] + requests[1::2]  # mix the directions and lengths
     seconds, calls = collections.Counter(), collections.Counter()
     for cls, name in TIMED:

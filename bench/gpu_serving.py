@@ -32,8 +32,8 @@ def read_requests(split: pathlib.Path, model: str, count: int) -> list[Generatio
     pairs = [line.split("\t") for line in split.read_text(encoding="utf-8").splitlines()[:count]]
     requests = []
     for en, zh in pairs:
-        requests += [GenerationRequest(model, zh, "en", DecodingOptions(128)),
-                     GenerationRequest(model, en, "zh-TW", DecodingOptions(128))]
+        requests += [GenerationRequest(model, zh, "en", DecodingOptions(128, beam_size=1)),
+                     GenerationRequest(model, en, "zh-TW", DecodingOptions(128, beam_size=1))]
     return requests
 
 

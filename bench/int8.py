@@ -22,7 +22,7 @@ import time
 from attnserve.export.train import read_pairs
 from attnserve.server.batcher import BatchingOptions
 from attnserve.server.engine import load_engine
-from attnserve.server.generation import GenerationRequest
+from attnserve.server.generation import GREEDY, GenerationRequest
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 
@@ -32,7 +32,7 @@ WAIT = 600  # seconds; only a bound against hanging
 def requests(model: str, split: pathlib.Path, count: int) -> list[GenerationRequest]:
     """Both directions of the first `count` // 2 pairs."""
     pairs = read_pairs(split)[: count // 2]
-    return [GenerationRequest(model, zh, "en") for _, zh in pairs] + [GenerationRequest(model, en, "zh-TW")
+    return [GenerationRequest(model, zh, "en", GREEDY) for _, zh in pairs] + [GenerationRequest(model, en, "zh-TW", GREEDY)
                                                                       for en, _ in pairs]
 
 

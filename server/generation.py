@@ -47,6 +47,10 @@ class DecodingOptions:
     sampling: SamplingOptions | None = None
 
 
+# Greedy search whatever the model's default search is: what a comparison with another greedy decoder needs.
+GREEDY = DecodingOptions(beam_size=1)
+
+
 class AttentionGranularity(enum.Enum):
     PIECES = "pieces"  # one row/column per subword piece
     WORDS = "words"  # pieces merged into words: columns summed, rows averaged

@@ -12,6 +12,7 @@ import pytest
 from attnserve.server.batcher import BatchingOptions
 from attnserve.server.engine import load_engines
 from attnserve.server.generation import (
+    GREEDY,
     AttentionGranularity,
     AttentionOptions,
     DecodingOptions,
@@ -118,7 +119,7 @@ def test_batched_equals_alone(engine):
 
 def test_beam_search_scores_at_least_as_well_as_greedy(engine):
     text = "儲存目前的文件"
-    greedy = translate(engine, text, "en")
+    greedy = translate(engine, text, "en", decoding=GREEDY)
     beam = translate(engine, text, "en", decoding=DecodingOptions(beam_size=4))
     length_normalized = lambda r: sum(t.logprob for t in r.tokens) / max(len(r.tokens), 1)  # noqa: E731
     assert length_normalized(beam) >= length_normalized(greedy) - 1e-6
