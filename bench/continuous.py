@@ -32,7 +32,7 @@ MODES = {
 def one_run(engine, model: str, beam: int, new: int) -> dict[str, float]:
     """Latencies (seconds) of one round: the long request, then the short one once the long one runs."""
     long = GenerationRequest(model, LONG_SOURCE, "zh-TW", DecodingOptions(new, beam, min_new_tokens=new))
-    short = GenerationRequest(model, SHORT_SOURCE, "zh-TW", DecodingOptions(8))
+    short = GenerationRequest(model, SHORT_SOURCE, "zh-TW", DecodingOptions(8, beam_size=1))
     first_token = []
     start = time.perf_counter()
     long_future = engine.submit(long)

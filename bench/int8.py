@@ -32,8 +32,8 @@ WAIT = 600  # seconds; only a bound against hanging
 def requests(model: str, split: pathlib.Path, count: int) -> list[GenerationRequest]:
     """Both directions of the first `count` // 2 pairs."""
     pairs = read_pairs(split)[: count // 2]
-    return [GenerationRequest(model, zh, "en", GREEDY) for _, zh in pairs] + [GenerationRequest(model, en, "zh-TW", GREEDY)
-                                                                      for en, _ in pairs]
+    return [GenerationRequest(model, zh, "en", GREEDY) for _, zh in pairs] + [
+        GenerationRequest(model, en, "zh-TW", GREEDY) for en, _ in pairs]
 
 
 def run(engine, batch: list[GenerationRequest], together: bool) -> tuple[float, list[str]]:

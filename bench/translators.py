@@ -45,7 +45,8 @@ def read_sentences(split: pathlib.Path, count: int) -> list[tuple[str, str]]:
 
 
 def requests(name: str, sentences) -> list[GenerationRequest]:
-    return [GenerationRequest(name, text, target, DecodingOptions(max_new_tokens=128, beam_size=1)) for text, target in sentences]
+    return [GenerationRequest(name, text, target, DecodingOptions(max_new_tokens=128, beam_size=1))
+            for text, target in sentences]
 
 
 def tokens_per_second(engine: ModelEngine, batch: list[GenerationRequest], together: bool) -> float:
