@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from attnserve.export import bpe
+from attnserve.export import bpe, cpu_bf16
 from attnserve.export.architectures import build_model, checkpoint_fields
 from attnserve.export.recurrent import ATTENTION_SCORES
 
@@ -387,6 +387,8 @@ def main() -> None:
         help="repeat a corpus family's training pairs N times (families as in train.source), e.g. hsk=5",
     )
     args = parser.parse_args()
+    if args.cpu_bf16 and not args.device.startswith("cuda") and (why := cpu_bf16.refusal("--cpu-bf16")):
+        parser.error(why)
     args.run.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
         level=logging.INFO,

@@ -2,10 +2,13 @@
 loss and its gradients stay float32, and the loss is the float32 one within bf16's precision."""
 
 import copy
+import sys
 
+import pytest
 import torch
 
-from attnserve.export import train
+from attnserve.export import cpu_bf16, train
+from attnserve.export.speech import train as speech_train
 from tests.conftest import TINY_CORPUS
 
 
@@ -31,3 +34,21 @@ def test_cpu_bf16_runs_the_products_in_bf16_and_keeps_the_loss_and_weights_in_fl
 def test_the_phase_record_names_bf16_autocast():
     assert train.device_name("cpu", cpu_bf16=True).endswith(", bf16 autocast)")
     assert "bf16" not in train.device_name("cpu")
+
+
+@pytest.mark.parametrize("main,flag", [(train.main, "--cpu-bf16"), (speech_train.main, "--bf16-listener")])
+def test_a_cpu_without_bf16_units_refuses_the_bf16_options_saying_why(monkeypatch, capsys, tmp_path, main, flag):
+    """Emulated bf16 is far slower than float32 (and the listener's LSTM has no bf16 kernel at all there): the
+    trainers stop before anything starts, with a message naming the option and the missing units."""
+    monkeypatch.setattr(cpu_bf16, "has_native_bf16", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["train", "--corpus", str(tmp_path / "corpus"), "--run", str(tmp_path / "run"), flag])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    assert f"{flag} needs a CPU with bf16 units (AVX512-BF16 or AMX)" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_cpu_with_bf16_units_accepts_them(monkeypatch):
+    monkeypatch.setattr(cpu_bf16, "has_native_bf16", lambda: True)
+    assert cpu_bf16.refusal("--cpu-bf16") is None

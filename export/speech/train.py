@@ -35,6 +35,7 @@ from tokenizers import Tokenizer
 from torch.nn import functional as F
 from tqdm import tqdm
 
+from attnserve.export import cpu_bf16
 from attnserve.export.speech import vocabulary
 from attnserve.export.train import inverse_sqrt, save_checkpoint
 from attnserve.export.speech.feature_cache import SplitFeatures, load_split
@@ -423,6 +424,8 @@ def main() -> None:
                         help="pyramid layers below the CTC head")
     parser.add_argument("--ctc-weight", type=float, default=TrainOptions.ctc_weight)
     args = parser.parse_args()
+    if args.bf16_listener and torch.device(args.device).type == "cpu" and (why := cpu_bf16.refusal("--bf16-listener")):
+        parser.error(why)
     if args.save_weights:
         save_weights(args.run / args.weights_of, args.save_weights, getattr(torch, args.weights_dtype))
         return
