@@ -16,9 +16,10 @@ def has_native_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def refusal(flag: str) -> str | None:
-    """Why `flag` (a CPU bf16 option) cannot be used on this CPU, or None when it can."""
-    if has_native_bf16():
+def refusal(flag: str, device: str) -> str | None:
+    """Why `flag` (a bf16 autocast option) cannot be used on this CPU, or None when it can or when the training
+    runs on another device (`device`, e.g. "cuda": bf16 there is the GPU's business)."""
+    if torch.device(device).type != "cpu" or has_native_bf16():
         return None
     return (f"{flag} needs a CPU with bf16 units (AVX512-BF16 or AMX), and this one has none: bf16 would be "
             "emulated, far slower than float32 (or not run at all: oneDNN has no bf16 LSTM here); leave it out")

@@ -374,7 +374,8 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=TrainOptions.vocab_size)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (bf16 autocast)")
     parser.add_argument("--cpu-bf16", action="store_true",
-                        help="bf16 autocast on the CPU too (CPUs with AMX or AVX512-BF16): 1.1-1.3x here (bench/README.md)")
+                        help="bf16 autocast on the CPU too (CPUs with AMX or AVX512-BF16): 1.1-1.3x on an AMX CPU "
+                             "(bench/README.md); refused on CPUs without bf16 units")
     parser.add_argument("--checkpoint-minutes", type=float, default=TrainOptions.checkpoint_minutes)
     parser.add_argument("--select", default="", metavar="FAMILY,...",
                         help="dev families whose loss chooses best.pt (default: the whole dev split), e.g. hsk,cedict")
@@ -387,7 +388,7 @@ def main() -> None:
         help="repeat a corpus family's training pairs N times (families as in train.source), e.g. hsk=5",
     )
     args = parser.parse_args()
-    if args.cpu_bf16 and not args.device.startswith("cuda") and (why := cpu_bf16.refusal("--cpu-bf16")):
+    if args.cpu_bf16 and (why := cpu_bf16.refusal("--cpu-bf16", args.device)):
         parser.error(why)
     args.run.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(

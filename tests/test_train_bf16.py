@@ -41,7 +41,8 @@ def test_a_cpu_without_bf16_units_refuses_the_bf16_options_saying_why(monkeypatc
     """Emulated bf16 is far slower than float32 (and the listener's LSTM has no bf16 kernel at all there): the
     trainers stop before anything starts, with a message naming the option and the missing units."""
     monkeypatch.setattr(cpu_bf16, "has_native_bf16", lambda: False)
-    monkeypatch.setattr(sys, "argv", ["train", "--corpus", str(tmp_path / "corpus"), "--run", str(tmp_path / "run"), flag])
+    argv = ["train", "--corpus", str(tmp_path / "corpus"), "--run", str(tmp_path / "run"), flag]
+    monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as exit_info:
         main()
     assert exit_info.value.code == 2
@@ -51,4 +52,10 @@ def test_a_cpu_without_bf16_units_refuses_the_bf16_options_saying_why(monkeypatc
 
 def test_a_cpu_with_bf16_units_accepts_them(monkeypatch):
     monkeypatch.setattr(cpu_bf16, "has_native_bf16", lambda: True)
-    assert cpu_bf16.refusal("--cpu-bf16") is None
+    assert cpu_bf16.refusal("--cpu-bf16", "cpu") is None
+
+
+def test_training_on_a_gpu_is_not_refused_for_the_cpu_it_runs_beside(monkeypatch):
+    monkeypatch.setattr(cpu_bf16, "has_native_bf16", lambda: False)
+    assert cpu_bf16.refusal("--bf16-listener", "cuda") is None
+    assert cpu_bf16.refusal("--bf16-listener", "cpu")

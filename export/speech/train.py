@@ -404,7 +404,8 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=TrainOptions.max_batch, help="most clips per batch")
     parser.add_argument("--device", default=TrainOptions.device, help="cpu or cuda")
     parser.add_argument("--bf16-listener", action="store_true",
-                        help="the listener in bf16 autocast: 1.3x per training step on this VM's AMX CPU (bench/README)")
+                        help="the listener in bf16 autocast: 1.3x per training step on an AMX CPU (bench/README); "
+                             "refused on CPUs without bf16 units")
     parser.add_argument("--init-weights", type=pathlib.Path,
                         help="without RUN/last.pt, start from these weights (a --save-weights file)")
     parser.add_argument("--fresh-optimizer", action="store_true", help="resume RUN/last.pt without its optimizer")
@@ -424,7 +425,7 @@ def main() -> None:
                         help="pyramid layers below the CTC head")
     parser.add_argument("--ctc-weight", type=float, default=TrainOptions.ctc_weight)
     args = parser.parse_args()
-    if args.bf16_listener and torch.device(args.device).type == "cpu" and (why := cpu_bf16.refusal("--bf16-listener")):
+    if args.bf16_listener and (why := cpu_bf16.refusal("--bf16-listener", args.device)):
         parser.error(why)
     if args.save_weights:
         save_weights(args.run / args.weights_of, args.save_weights, getattr(torch, args.weights_dtype))
