@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from attnserve.export import bpe, cpu_bf16
 from attnserve.export.architectures import build_model, checkpoint_fields
+from attnserve.export.average_checkpoints import average_state_dicts
 from attnserve.export.recurrent import ATTENTION_SCORES
 
 log = logging.getLogger("attnserve.train")
@@ -342,7 +343,7 @@ def checkpoint(model, optimizer, dev, tokenizer, state, run, opts, recent: list[
     if opts.average_last > 1:
         recent.append({k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()})
         del recent[: -opts.average_last]
-        averaged = {k: sum(weights[k] for weights in recent) / len(recent) for k in recent[0]}
+        averaged = average_state_dicts(recent)
         torch.save(
             {"model": averaged, **checkpoint_fields(model), "tokenizer": tokenizer.to_str(),
              "state": {**state, "averaged_checkpoints": len(recent)}},
