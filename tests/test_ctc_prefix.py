@@ -115,3 +115,43 @@ def test_lengths_outside_the_frames_are_refused():
         CTCPrefixScorer(x, np.array([4, 5]), BLANK, EOS)
     with pytest.raises(ValueError, match="1 lengths for 2 rows"):
         CTCPrefixScorer(x, np.array([4]), BLANK, EOS)
+
+
+def forward_prefix_score(x, labels):
+    """log P(labels are a prefix of the labelling) for one clip (T, V), by the textbook CTC forward pass
+    (Graves 2012, ch. 7) over the states blank, l1, blank, l2, ..., summed over the frame at which the last
+    label is entered from an earlier state."""
+    states = [BLANK]
+    for label in labels:
+        states += [label, BLANK]
+    last = 2 * len(labels) - 1  # the state of the last label
+    alpha = np.full(len(states), -np.inf)
+    alpha[0] = x[0, BLANK]
+    alpha[1] = x[0, labels[0]]
+    total = alpha[last] if last == 1 else -np.inf
+    for t in range(1, len(x)):
+        previous = alpha.copy()
+        for s, label in enumerate(states):
+            come = [previous[s]] + ([previous[s - 1]] if s >= 1 else [])
+            if s >= 2 and label != BLANK and label != states[s - 2]:
+                come.append(previous[s - 2])  # skip the blank between two different labels
+            entered = np.logaddexp.reduce(come[1:]) if len(come) > 1 else -np.inf
+            if s == last:
+                total = np.logaddexp(total, entered + x[t, label])
+            alpha[s] = np.logaddexp.reduce(come) + x[t, label]
+    return total
+
+
+def test_prefix_scores_on_longer_batched_clips_equal_the_textbook_recursion():
+    rng = np.random.default_rng(4)
+    lengths = np.array([40, 23, 31])
+    padded = np.zeros((3, 40, 6), dtype=np.float32)
+    for row, t in enumerate(lengths):
+        padded[row, :t] = random_log_probs(rng, t, 6)
+    prefixes = rng.integers(2, 6, size=(3, 8))
+    prefixes[:, 3] = prefixes[:, 2]  # a repeated label, which needs a blank between
+    scorer = CTCPrefixScorer(padded, lengths, BLANK, EOS)
+    totals = feed(scorer, prefixes)
+    for row, t in enumerate(lengths):
+        expected = forward_prefix_score(padded[row, :t].astype(np.float64), list(prefixes[row]))
+        assert totals[row] == pytest.approx(expected, abs=1e-3)
