@@ -579,9 +579,8 @@ class BeamSearch(DecodeStrategy):
     def advance(self, logits: np.ndarray, attention: np.ndarray) -> tuple[Selection, StepEvents]:
         k, r, step = self.k, len(self._alive), len(self.history)
         self.rules.apply(logits, np.repeat(self._alive, k), step)
-        lp = log_softmax(logits)  # (R*k, V)
-        rows, tokens, scores = self._candidates(lp)  # each (R, 2k), best first
-        parents, logprobs = self._parents[rows].ravel(), lp[rows, tokens].ravel()
+        rows, tokens, scores, logprobs = self._candidates(logits.astype(np.float32, copy=False))  # (R, 2k) each
+        parents, logprobs = self._parents[rows].ravel(), logprobs.ravel()
         self.history.append(parents, tokens.ravel(), logprobs, attention, rows.ravel())
         self._collect_eos(tokens == self.eos, scores, step)
         # Each beam offers EOS at most once, so the 2k best hold at least k non-EOS continuations.
@@ -600,14 +599,23 @@ class BeamSearch(DecodeStrategy):
         self.rules.extend(rows.ravel()[entries], tokens.ravel()[entries])
         return Selection(rows.ravel()[entries], tokens.ravel()[entries]), events
 
-    def _candidates(self, lp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The 2k best (beam, token) extensions per request: batch rows, tokens and summed scores."""
-        k, r, v = self.k, len(self._alive), lp.shape[1]
-        total = (self._scores.reshape(-1, 1) + lp).reshape(r, k * v)  # (R, k*V)
-        top = np.argpartition(-total, 2 * k - 1, axis=1)[:, : 2 * k]  # (R, 2k), unordered
-        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(total, top, 1), 1, kind="stable"), 1)
-        rows = np.arange(r)[:, None] * k + top // v  # (R, 2k)
-        return rows, top % v, np.take_along_axis(total, top, axis=1)
+    def _candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The 2k best (beam, token) extensions per request: batch rows, tokens, summed scores and the
+        tokens' own log-probabilities, best first.
+
+        A request's 2k best are among each beam's 2k most likely tokens, so only those (R*k, 2k) get a
+        log-probability and a summed score; the (R*k, V) log-softmax and sums are never materialised (at
+        128 rows of a 17k vocabulary, three passes of 9 MB each per step).
+        """
+        k, r, v = self.k, len(self._alive), logits.shape[1]
+        m = min(2 * k, v)
+        best = np.argpartition(logits, v - m, axis=1)[:, v - m :]  # (R*k, m) each beam's m likeliest, unordered
+        lp = np.take_along_axis(logits, best, 1) - _log_normalizer(logits)  # (R*k, m) as log_softmax has them
+        total = (self._scores.reshape(-1, 1) + lp).reshape(r, k * m)  # (R, k*m)
+        order = np.argsort(-total, axis=1, kind="stable")[:, : 2 * k]  # (R, 2k)
+        rows = np.arange(r)[:, None] * k + order // m  # (R, 2k)
+        within = order % m
+        return rows, best[rows, within], np.take_along_axis(total, order, 1), lp[rows, within]
 
     def _collect_eos(self, eos: np.ndarray, scores: np.ndarray, step: int) -> None:
         """Keeps EOS candidates ranked among a request's k best as finished sequences (the best k)."""
