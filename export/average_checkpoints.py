@@ -59,9 +59,11 @@ def average_checkpoints(paths: Sequence[pathlib.Path], out: pathlib.Path) -> dic
                 raise ValueError(f"{path}: its {field} differs from {paths[-1]}'s; only one run's checkpoints average")
     averaged = {key: value for key, value in last.items() if key not in ("model", "optimizer", "rng")}
     averaged["model"] = average_state_dicts([ckpt["model"] for ckpt in checkpoints])
+    # The count as the translator's trainer records it (its model card prints it), and the steps.
     averaged["state"] = {
         **last.get("state", {}),
-        "averaged_checkpoints": [{"path": str(p), "step": c.get("state", {}).get("step")} for p, c in zip(paths, checkpoints)],
+        "averaged_checkpoints": len(paths),
+        "averaged_steps": [c.get("state", {}).get("step") for c in checkpoints],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(averaged, out)
@@ -76,7 +78,7 @@ def main() -> None:
     if len(args.checkpoints) < 2:
         parser.error("give at least two checkpoints")
     averaged = average_checkpoints(args.checkpoints, args.out)
-    steps = [entry["step"] for entry in averaged["state"]["averaged_checkpoints"]]
+    steps = averaged["state"]["averaged_steps"]
     print(f"{args.out}: the mean of {len(steps)} checkpoints (steps {steps})")
 
 
