@@ -78,7 +78,7 @@ class CTCPrefixScorer:
         # (plus, for an empty g, c starting at frame 0). It needs g's forward variables only, not
         # g + c's, so it is one vectorized reduction; g + c's own recursion over frames runs in
         # `advance()`, for the chosen token of each row alone.
-        starts = self._phi(first - 1, t_max - 1) + x[:, first:t_max]  # (B, T', V)
+        starts = self._phi(slice(None), first - 1, t_max - 1) + x[:, first:t_max]  # (B, T', V)
         if t_max > first:
             top = starts.max(axis=1)  # (B, V)
             safe = np.where(np.isfinite(top), top, 0)
@@ -88,21 +88,25 @@ class CTCPrefixScorer:
             psi = np.full((b, v), NEG_INF, dtype=np.float32)
         empty = self.last < 0
         psi[empty] = np.logaddexp(psi[empty], x[empty, 0])  # an empty prefix's first label may start at frame 0
-        rows = np.arange(b)
-        psi[:, self.eos_id] = np.logaddexp(self.r_n, self.r_b)[rows, self.lengths - 1]  # g complete: all frames
+        rows, end = np.arange(b), self.lengths - 1
+        psi[:, self.eos_id] = np.logaddexp(self.r_n[rows, end], self.r_b[rows, end])  # g complete: all frames
         psi[:, self.blank_id] = NEG_INF
         psi = psi.astype(np.float32, copy=False)
         self._pending = psi
         return psi - self.prefix[:, None]
 
-    def _phi(self, begin: int, end: int) -> np.ndarray:
-        """(B, end - begin, V) phi[t] for t in [begin, end): the alignments of g up to frame t after which c
-        may start a new label, so g's forward variables summed, or only those ending in blank when c repeats
-        g's last label (CTC would otherwise merge the two)."""
-        either = np.logaddexp(self.r_n[:, begin:end], self.r_b[:, begin:end])  # (B, T')
+    def _phi(self, rows, begin: int, end: int, tokens: np.ndarray | None = None) -> np.ndarray:
+        """phi[t] for t in [begin, end) of `rows` (indices or a slice): the alignments of g up to frame t after
+        which c may start a new label, so g's forward variables summed, or only those ending in blank when c
+        repeats g's last label (CTC would otherwise merge the two). (R, end - begin, V) for every token c, or
+        (R, end - begin) for each row's own token in `tokens` (R,)."""
+        r_b, last = self.r_b[rows, begin:end], self.last[rows]
+        either = np.logaddexp(self.r_n[rows, begin:end], r_b)  # (R, T')
+        if tokens is not None:
+            return np.where((last == tokens)[:, None], r_b, either)
         phi = np.repeat(either[:, :, None], self.x.shape[2], axis=2)
-        repeat = np.flatnonzero(self.last >= 0)
-        phi[repeat, :, self.last[repeat]] = self.r_b[repeat, begin:end]
+        repeat = np.flatnonzero(last >= 0)
+        phi[repeat, :, last[repeat]] = r_b[repeat]
         return phi
 
     def advance(self, tokens: np.ndarray, rows: np.ndarray | None = None) -> None:
@@ -118,11 +122,7 @@ class CTCPrefixScorer:
         rows = rows[tokens[rows] != self.eos_id]
         if len(rows):
             chosen = tokens[rows]
-            # phi of each row's own chosen token: g's forward variables summed, or only blank-ending ones when
-            # c repeats g's last label.
-            either = np.logaddexp(self.r_n[rows], self.r_b[rows])  # (R, T)
-            repeat = self.last[rows] == chosen
-            phi = np.where(repeat[:, None], self.r_b[rows], either)
+            phi = self._phi(rows, 0, self.x.shape[1], chosen)  # (R, T)
             x = self.x[rows, :, chosen]  # (R, T): the chosen label's log-probability at each frame
             blank = self.x[rows, :, self.blank_id]
             r_n = np.full_like(x, NEG_INF)

@@ -394,12 +394,14 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def chosen_logprobs(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """(B, V) logits, (B,) tokens -> (B,) log-probabilities of those tokens only.
+    """(B, V) logits, (B,) or (B, m) tokens of each row -> the log-probabilities of those tokens only, shaped
+    as `tokens`.
 
     The same float32 arithmetic as log_softmax's entries, without materialising the (B, V) result.
     """
     x = logits.astype(np.float32, copy=False)
-    return np.take_along_axis(x, tokens[:, None], axis=1)[:, 0] - _log_normalizer(x)[:, 0]
+    picked = np.take_along_axis(x, tokens.reshape(len(x), -1), axis=1) - _log_normalizer(x)
+    return picked.reshape(tokens.shape)
 
 
 def _log_normalizer(x: np.ndarray) -> np.ndarray:
@@ -579,7 +581,7 @@ class BeamSearch(DecodeStrategy):
     def advance(self, logits: np.ndarray, attention: np.ndarray) -> tuple[Selection, StepEvents]:
         k, r, step = self.k, len(self._alive), len(self.history)
         self.rules.apply(logits, np.repeat(self._alive, k), step)
-        rows, tokens, scores, logprobs = self._candidates(logits.astype(np.float32, copy=False))  # (R, 2k) each
+        rows, tokens, scores, logprobs = self._candidates(logits)  # (R, 2k) each
         parents, logprobs = self._parents[rows].ravel(), logprobs.ravel()
         self.history.append(parents, tokens.ravel(), logprobs, attention, rows.ravel())
         self._collect_eos(tokens == self.eos, scores, step)
@@ -610,7 +612,7 @@ class BeamSearch(DecodeStrategy):
         k, r, v = self.k, len(self._alive), logits.shape[1]
         m = min(2 * k, v)
         best = np.argpartition(logits, v - m, axis=1)[:, v - m :]  # (R*k, m) each beam's m likeliest, unordered
-        lp = np.take_along_axis(logits, best, 1) - _log_normalizer(logits)  # (R*k, m) as log_softmax has them
+        lp = chosen_logprobs(logits, best)  # (R*k, m)
         total = (self._scores.reshape(-1, 1) + lp).reshape(r, k * m)  # (R, k*m)
         order = np.argsort(-total, axis=1, kind="stable")[:, : 2 * k]  # (R, 2k)
         rows = np.arange(r)[:, None] * k + order // m  # (R, 2k)
