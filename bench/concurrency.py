@@ -4,19 +4,22 @@
     .venv/bin/python bench/concurrency.py --clients 1 32 --seconds 20 --out results.json
 
 Two `attnserve serve --model translate-zh-en` processes (one intra-op thread each; `--all-models` loads the
-whole repository instead) run the bundled translator: `batched` with the
-server's defaults (continuous batching) and `unbatched` with `--max-rows 1` (one request decodes at a
-time), and with `--hold-steps N` a third, `held`, that holds a few queued requests back for up to N steps
-so that they join the running batch together (`--admission-hold-steps`). This process is the clients: at
-each concurrency level N, N asyncio clients each send a request (real test-split sentences, both
-directions, greedy, no attention) over `GenerateStream`, wait for its end, and send the next, for
-`--seconds`; the levels alternate between the servers so that a slow spell on a shared machine hits all. Reported per server and level: requests/s, generated tokens/s, latency
-p50/p95/p99 and time to first token p50/p95 (both from the client's send), and the server's peak RSS.
+whole repository instead) run the bundled translator: `batched` with the server's defaults (continuous
+batching) and `unbatched` with `--max-rows 1` (one request decodes at a time); with `--hold-steps N` a third,
+`held`, holds a few queued requests back for up to N steps so that they join the running batch together
+(`--admission-hold-steps`), and with `--engine-process` another, `process`, is the batched server with its
+engine in a child process (`--engine-process`). This process is the clients: at each concurrency level N, N
+asyncio clients each send a request (real test-split sentences, both directions, greedy, no attention) over
+`GenerateStream`, wait for its end, and send the next, for `--seconds`; the levels alternate between the
+servers so that a slow spell on a shared machine hits all. Reported per server and level: requests/s, generated
+tokens/s, latency p50/p95/p99 and time to first token p50/p95 (both from the client's send), and the server's
+peak RSS (its engine processes' included).
 
 Also reported: `batching_gain` (batched / unbatched tokens/s at each level), and from `--paired-requests`
-requests sent one at a time, each in turn through `ModelEngine.generate` in this process, unary `Generate`
-and `GenerateStream` to the batched server: `grpc_over_in_process` (unary median latency / in-process median
-latency: what the server adds to a lone request) and `grpc_stream_over_in_process` (the same, streamed).
+requests sent one at a time, each in turn through `ModelEngine.generate` in this process, unary `Generate` and
+`GenerateStream` to the batched server: `grpc_over_in_process` (unary median latency / in-process median
+latency: what the server adds to a lone request) and `grpc_stream_over_in_process` (the same, streamed); under
+`process`, the same three for the `process` server.
 """
 
 from __future__ import annotations
@@ -83,16 +86,27 @@ class ServerProcess:
         raise SystemExit(f"the server on {self.address} did not start in {STARTUP_SECONDS} s")
 
     def peak_rss_mb(self) -> float:
-        for line in pathlib.Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
+        """The server's peak resident memory, with its engine processes' (--engine-process) added: the sum of
+        the peaks, an upper bound of the peak of the sum."""
+        return sum(_peak_rss_mb(pid) for pid in [self.process.pid, *_children(self.process.pid)])
 
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(60)
         self.log.close()
         pathlib.Path(self.log.name).unlink()
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for task in pathlib.Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()]
 
 
 async def closed_loop(address: str, requests: list[GenerationRequest], clients: int, seconds: float) -> dict:
@@ -163,6 +177,16 @@ async def paired_latency_ms(address: str, models: pathlib.Path, model: str, requ
     return {way: 1e3 * statistics.median(xs) for way, xs in times.items()}
 
 
+def single_request_report(single: dict, batched: dict, unbatched: dict) -> dict:
+    """One batched server's lone-request latencies and its batching gain at each level."""
+    return {
+        "single_request_latency_p50_ms": single,
+        "batching_gain": {c: batched[c]["tokens_per_s"] / unbatched[c]["tokens_per_s"] for c in batched},
+        "grpc_over_in_process": single["grpc_unary"] / single["in_process"],
+        "grpc_stream_over_in_process": single["grpc_stream"] / single["in_process"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
@@ -176,6 +200,9 @@ def main() -> None:
                              "of one model would)")
     parser.add_argument("--hold-steps", type=int, default=0,
                         help="also run a third server, `held`, with --admission-hold-steps N")
+    parser.add_argument("--engine-process", action="store_true",
+                        help="also run `process`: the batched server with --engine-process (the model's engine in "
+                             "a child process)")
     parser.add_argument("--paired-requests", type=int, default=200,
                         help="requests sent one at a time in process, unary and streamed (grpc_over_in_process)")
     parser.add_argument("--out", type=pathlib.Path)
@@ -192,12 +219,15 @@ def main() -> None:
                                                         "--max-beam-size", "1"])}
     if args.hold_steps:
         servers["held"] = ServerProcess(args.models, [*only, "--admission-hold-steps", str(args.hold_steps)])
+    if args.engine_process:
+        servers["process"] = ServerProcess(args.models, [*only, "--engine-process"])
     levels: dict[str, dict[int, dict]] = {name: {} for name in servers}
     try:
         for server in servers.values():  # warm-up: the first requests load lazily-built state
             asyncio.run(closed_loop(server.address, requests, 4, 2.0))
-        single = asyncio.run(paired_latency_ms(servers["batched"].address, args.models, args.model, requests,
-                                               args.paired_requests))
+        single = {name: asyncio.run(paired_latency_ms(servers[name].address, args.models, args.model, requests,
+                                                      args.paired_requests))
+                  for name in ("batched", "process") if name in servers}
         for clients in args.clients:
             for name, server in servers.items():
                 levels[name][clients] = asyncio.run(closed_loop(server.address, requests, clients, args.seconds))
@@ -213,12 +243,10 @@ def main() -> None:
         "levels": levels,
         "server_peak_rss_mb": rss,
         "servers_load": "every model" if args.all_models else args.model,
-        "single_request_latency_p50_ms": single,
-        "batching_gain": {c: levels["batched"][c]["tokens_per_s"] / levels["unbatched"][c]["tokens_per_s"]
-                          for c in args.clients},
-        "grpc_over_in_process": single["grpc_unary"] / single["in_process"],
-        "grpc_stream_over_in_process": single["grpc_stream"] / single["in_process"],
+        **single_request_report(single["batched"], levels["batched"], levels["unbatched"]),
     }
+    if "process" in single:
+        report["process"] = single_request_report(single["process"], levels["process"], levels["unbatched"])
     print(json.dumps(report, indent=2))
     print("\n| server | clients | tokens/s | requests/s | p50 / p95 / p99 latency | first token p50 / p95 |")
     print("|---|---|---|---|---|---|")

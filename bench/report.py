@@ -6,8 +6,8 @@
 
 It runs, one after the other on the bundled translator and the same test-split sentences (one intra-op thread
 everywhere; each benchmark alternates what it compares internally, so a slow spell hits all sides):
-1. bench/concurrency.py: attnserve over gRPC at 1, 8, 32 and 64 clients, batching on and off, and one request
-   at a time in process, unary and streamed;
+1. bench/concurrency.py: attnserve over gRPC at 1, 8, 32 and 64 clients, batching on and off, and batched with
+   the engine in a child process (--engine-process); one request at a time in process, unary and streamed;
 2. bench/ctranslate2_compare.py: CTranslate2 on the same weights (float32 and int8), attnserve float32 and its
    int8 variant (quantized into a temporary copy of the model), PyTorch eager with and without its cache,
    batch 1 and 32;
@@ -64,6 +64,20 @@ def targets(results: dict) -> list[dict]:
         ("serving RSS <= 400 MB (peak, batched server)", results["concurrency"]["server_peak_rss_mb"]["batched"],
          400.0, "<="),
     ]
+    process = results["concurrency"].get("process")
+    if process is not None:  # the same server with its engine in a child process (--engine-process)
+        rows += [
+            ("--engine-process: served tokens/s at 32 clients >= CTranslate2 float32 at batch 32",
+             results["concurrency"]["levels"]["process"]["32"]["tokens_per_s"], same["ctranslate2 float32 batch_32"],
+             ">="),
+            ("--engine-process: batching gain at 32 clients >= 5x", process["batching_gain"]["32"], 5.0, ">="),
+            ("--engine-process: 1 client, unary gRPC / in process <= 1.15", process["grpc_over_in_process"], 1.15,
+             "<="),
+            ("--engine-process: 1 client, streamed gRPC / in process <= 1.15", process["grpc_stream_over_in_process"],
+             1.15, "<="),
+            ("--engine-process: serving RSS <= 400 MB (peaks of server + engine process)",
+             results["concurrency"]["server_peak_rss_mb"]["process"], 400.0, "<="),
+        ]
     if "attnserve int8 batch_32" in same:
         rows.append(("moonshot: attnserve int8 >= CTranslate2 int8, in process at batch 32",
                      same["attnserve int8 batch_32"], same["ctranslate2 int8 batch_32"], ">="))
@@ -83,9 +97,12 @@ def markdown(results: dict) -> str:
             lines.append(f"| {name} | {clients} | {r['tokens_per_s']:.0f} | {r['requests_per_s']:.1f} | "
                          f"{r['latency_p50_ms']:.0f} / {r['latency_p95_ms']:.0f} / {r['latency_p99_ms']:.0f} ms | "
                          f"{r['first_token_p50_ms']:.0f} / {r['first_token_p95_ms']:.0f} ms |")
-    single = results["concurrency"]["single_request_latency_p50_ms"]
-    lines += ["", "One request at a time, median latency: " +
-              ", ".join(f"{way.replace('_', ' ')} {ms:.1f} ms" for way, ms in single.items()), ""]
+    for name, report in [("batched", results["concurrency"]), ("process", results["concurrency"].get("process"))]:
+        if report is not None:
+            single = report["single_request_latency_p50_ms"]
+            lines += ["", f"One request at a time ({name} server), median latency: " +
+                      ", ".join(f"{way.replace('_', ' ')} {ms:.1f} ms" for way, ms in single.items())]
+    lines.append("")
     same = results["same_weights"]
     systems = list(dict.fromkeys(key.rsplit(" ", 1)[0] for key in same["tokens_per_s"]))  # in the run's order
     lines += ["| system (same weights, in process) | batch 1 tokens/s | batch 32 tokens/s | vs CTranslate2 float32 "
@@ -150,7 +167,8 @@ def main() -> None:
     common = ["--models", str(args.models), "--model", args.model]
     sentences = ["--sentences", str(args.sentences)]
     run("concurrency.py", *common, *sentences, "--clients", "1", "8", "32", "64", "--seconds", str(args.seconds),
-        "--paired-requests", str(min(200, args.sentences)), "--out", str(args.out / "concurrency.json"))
+        "--paired-requests", str(min(200, args.sentences)), "--engine-process",
+        "--out", str(args.out / "concurrency.json"))
     with tempfile.TemporaryDirectory() as tmp:
         int8 = int8_copy(args.models, args.model, pathlib.Path(tmp))
         run("ctranslate2_compare.py", *common, *sentences, "--repeats", str(args.repeats), "--int8-models", str(int8),

@@ -278,8 +278,14 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         else None,
     )
     broken: dict[str, str] | None = {} if options.skip_broken_models else None
-    registry = engine.load_engines(options.models, runtime, batching, broken, options.only_models)
-    engines = {name: registry.get(name) for name in registry.names()}
+    if options.engine_process:
+        from attnserve.server.engine_process import load_process_engines
+
+        engines = load_process_engines(options.models, runtime, batching, broken, options.only_models,
+                                       (options.log_level, options.log_format))
+    else:
+        registry = engine.load_engines(options.models, runtime, batching, broken, options.only_models)
+        engines = {name: registry.get(name) for name in registry.names()}
     try:
         for name in list(engines):
             try:

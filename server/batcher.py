@@ -73,11 +73,14 @@ class WorkItem:
     Args:
         payload: whatever the processor consumes (the engine's PreparedRequest).
         on_token: called from the worker thread with each streamed token, or None.
+        on_start: called from the worker thread when the item leaves the queue to run, or None.
     """
 
-    def __init__(self, payload: Any, on_token: Callable[[Any], None] | None = None):
+    def __init__(self, payload: Any, on_token: Callable[[Any], None] | None = None,
+                 on_start: Callable[[], None] | None = None):
         self.payload = payload
         self.on_token = on_token
+        self.on_start = on_start
         self.future: Future = Future()
         self.accepted_at = time.perf_counter()
         # Set from any thread when the caller gives up; read by the processor between steps.
@@ -96,6 +99,14 @@ class WorkItem:
             return
         self._streamed += 1
         self.on_token(token)
+
+    def start(self) -> bool:
+        """Marks the future running and calls on_start; False if the caller cancelled it while it waited."""
+        if not self.future.set_running_or_notify_cancel():
+            return False
+        if self.on_start is not None:
+            self.on_start()
+        return True
 
     def cancel(self) -> None:
         """Marks the item cancelled, and cancels its future if it is still queued."""
@@ -142,14 +153,15 @@ class Batcher:
         self._worker = threading.Thread(target=self._run, name=f"batcher-{name}", daemon=True)
         self._worker.start()
 
-    def submit(self, payload: Any, on_token: Callable[[Any], None] | None = None) -> Future:
+    def submit(self, payload: Any, on_token: Callable[[Any], None] | None = None,
+               on_start: Callable[[], None] | None = None) -> Future:
         """Queues one item; returns the future its result (or exception) will be set on.
 
         Raises:
             OverloadedError: the queue is full.
             UnavailableError: the batcher is closed.
         """
-        item = WorkItem(payload, on_token)
+        item = WorkItem(payload, on_token, on_start)
         item.future.add_done_callback(self._forget)
         with self._cond:
             if self._closed:
@@ -210,7 +222,7 @@ class Batcher:
             items = []
             while self._queue and fits(self._queue[0]):
                 items.append(self._queue.popleft())
-        return [item for item in items if item.future.set_running_or_notify_cancel()]
+        return [item for item in items if item.start()]
 
     def peek(self) -> WorkItem | None:
         """The item at the head of the queue, or None."""
@@ -231,7 +243,7 @@ class Batcher:
             if items is None:
                 return
             # Skip items whose caller cancelled them while they waited.
-            items = [item for item in items if item.future.set_running_or_notify_cancel()]
+            items = [item for item in items if item.start()]
             if items:
                 self._run_batch(items)
 

@@ -221,7 +221,10 @@ class ModelEngine:
         return chosen
 
     def submit(
-        self, request: GenerationRequest, on_token: Callable[[StreamedToken], None] | None = None
+        self,
+        request: GenerationRequest,
+        on_token: Callable[[StreamedToken], None] | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> Future[GenerationResult]:
         """Validates the request, then queues it.
 
@@ -230,11 +233,13 @@ class ModelEngine:
                 it is known (greedy: every step; beam search: all at once, from the final hypothesis,
                 when the request finishes), with its attention row when the request asked for attention.
                 If it raises, the request fails with that exception and leaves its batch.
+            on_start: called from the worker thread when the request leaves the queue to be encoded
+                (its future is running from then on).
 
         Raises:
             ValueError: see prepare(); OverloadedError: the queue is full; UnavailableError: closing.
         """
-        return self._batcher.submit(self.prepare(request), on_token)
+        return self._batcher.submit(self.prepare(request), on_token, on_start)
 
     def cancel(self, future: Future[GenerationResult]) -> None:
         """Cancels a request `submit` returned `future` for; a no-op once it has finished.

@@ -38,6 +38,8 @@ class ServeOptions:
     max_rows: int = 64  # continuous batching: rows (beams count one each) decoding together per model
     fair_share_row_steps: int = 512  # continuous batching: rows x steps before a request yields to the queue
     admission_hold_steps: int = 0  # continuous batching: steps a few queued requests may wait for company
+    # Run each model's engine in a child process, so that the gRPC loop and the decode loop share no GIL.
+    engine_process: bool = False
     metrics_port: int | None = None  # serve Prometheus /metrics over HTTP; None = don't
     # Interface of the metrics listener. Loopback by default, whatever --host says: metrics name the models
     # and show the traffic, so exposing them is a separate, explicit choice.
@@ -159,6 +161,12 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         dict(type=int, help="--batching continuous: while a batch runs, hold fewer than 8 queued requests back "
              "for up to this many steps so that they are admitted together: more throughput, a later first "
              "token (default: %(default)s = admit at every step)"),
+    ),
+    "--engine-process": (
+        "engine_process",
+        dict(action="store_true", help="run each model's engine in a process of its own: the gRPC event loop "
+             "and the decode loop then share no GIL (more tokens/s under many streaming clients; one more "
+             "Python process per model)"),
     ),
     "--metrics-port": ("metrics_port", dict(type=int, help="serve Prometheus /metrics over HTTP on this port")),
     "--metrics-host": (
