@@ -91,6 +91,11 @@ class ModelEngine:
         loop = self._continuous.run if self._continuous is not None else None
         self._batcher = Batcher(self._process, batching, name=self.manifest.name, loop=loop)
 
+    @property
+    def providers(self) -> list[str]:
+        """The ONNX Runtime execution providers its graphs run on, best first."""
+        return self.runtime.providers
+
     @functools.cached_property
     def info(self) -> ModelInfo:
         m = self.manifest

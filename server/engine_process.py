@@ -14,7 +14,7 @@ cancelled is dropped at once and a running one ends with CancelledError after th
 
 Messages over one duplex pipe (pickled):
     parent -> child   ("submit", id, request, stream) · ("cancel", id) · ("close",)
-    child -> parent   ("ready", info) or ("failed", reason), once at start;
+    child -> parent   ("ready", info, providers) or ("failed", reason), once at start;
                       ("accepted", id) or ("rejected", id, exception), before anything else about the
                       request; ("started", id); ("token", id, event);
                       ("done", id, result) · ("error", id, exception) · ("cancelled", id)
@@ -72,7 +72,7 @@ class ProcessEngine:
         )
         self._process.start()
         child_end.close()
-        self.info: ModelInfo = self._wait_ready(name)
+        self.info, self.providers = self._wait_ready(name)
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
@@ -82,20 +82,24 @@ class ProcessEngine:
         self._reader = threading.Thread(target=self._read, name=f"engine-{name}-reader", daemon=True)
         self._reader.start()
 
-    def _wait_ready(self, name: str) -> ModelInfo:
-        try:
-            if not self._conn.poll(START_TIMEOUT_SECONDS):
-                raise ValueError(f"model {name!r}: its engine process did not start in {START_TIMEOUT_SECONDS:.0f} s")
-            kind, payload = self._conn.recv()
-        except (EOFError, OSError):
-            kind, payload = "failed", f"its engine process exited (code {self._process.exitcode}) while loading"
-        except ValueError:
+    def _wait_ready(self, name: str) -> tuple[ModelInfo, list[str]]:
+        """The child's model info and execution providers, once it has loaded the model.
+
+        Raises:
+            ValueError: it failed to load (its reason), died, or took longer than START_TIMEOUT_SECONDS.
+        """
+        if not self._conn.poll(START_TIMEOUT_SECONDS):
             self._process.kill()
-            raise
-        if kind != "ready":
-            self._process.join(10)
-            raise ValueError(f"model {name!r}: {payload}")
-        return payload
+            raise ValueError(f"model {name!r}: its engine process did not start in {START_TIMEOUT_SECONDS:.0f} s")
+        try:
+            kind, *payload = self._conn.recv()
+        except (EOFError, OSError):
+            kind, payload = "died", []
+        if kind == "ready":
+            return payload[0], payload[1]
+        self._process.join(10)
+        reason = payload[0] if kind == "failed" else f"its engine process exited (code {self._process.exitcode})"
+        raise ValueError(f"model {name!r}: {reason}")
 
     def submit(self, request: GenerationRequest,
                on_token: Callable[[StreamedToken], None] | None = None) -> Future[GenerationResult]:
@@ -282,7 +286,7 @@ def _child_main(conn, repository: str, name: str, runtime_options: RuntimeOption
             pass  # the parent is gone; the main loop sees EOF and stops
 
     futures: dict[int, Future] = {}
-    send(("ready", engine.info))
+    send(("ready", engine.info, engine.providers))
     try:
         while True:
             try:

@@ -137,8 +137,8 @@ def count_request(model: str, code: str) -> None:
 def describe_models(engines: Iterable) -> None:
     """Publishes `attnserve_model_info` for each served engine (see service.Engine), and its load gauges at 0."""
     for engine in engines:
-        # The Engine protocol has no provider: a ModelEngine's runtime knows it; test doubles have none.
-        providers = getattr(getattr(engine, "runtime", None), "providers", None) or [""]
+        # The Engine protocol has no providers: ModelEngine and ProcessEngine say them; test doubles do not.
+        providers = getattr(engine, "providers", None) or [""]
         info, provider = engine.info, providers[0]
         MODEL_INFO.labels(info.name, str(info.version), provider).set(1)
         _LOAD.add_models([info.name])

@@ -62,6 +62,7 @@ def test_outputs_equal_the_engine_in_process_alone_and_together(child, in_proces
         assert one.text == want.text
         assert [t.logprob for t in one.tokens] == pytest.approx([t.logprob for t in want.tokens], abs=1e-5)
     assert child.info == in_process.info
+    assert child.providers == in_process.providers == ["CPUExecutionProvider"]  # the model_info metric's label
 
 
 def test_streamed_tokens_arrive_in_order_and_match_the_result(child):
