@@ -78,7 +78,8 @@ class ProcessEngine:
         self._pending: dict[int, _Pending] = {}
         self._ids_by_future: dict[Future, int] = {}
         self._next_id = itertools.count()
-        self._closed = False
+        self._closed = False  # no more submissions: closing, or the child is gone
+        self._close_requested = False
         self._reader = threading.Thread(target=self._read, name=f"engine-{name}-reader", daemon=True)
         self._reader.start()
 
@@ -142,10 +143,10 @@ class ProcessEngine:
     def close(self, timeout: float | None = 30.0) -> None:
         """Stops the child: queued requests fail with UnavailableError, the running batch finishes."""
         with self._lock:
-            if self._closed:
+            if self._close_requested:
                 return
-            self._closed = True
-        self._send(("close",))
+            self._close_requested = self._closed = True
+        self._send(("close",))  # nobody reads it if the child died: then the join below just reaps it
         self._process.join(timeout)
         if self._process.is_alive():
             logger.warning("model %r: engine process did not stop in %s s; killing it", self.info.name, timeout)
@@ -171,7 +172,11 @@ class ProcessEngine:
         """The reader thread: applies the child's messages to the parent's futures until the pipe closes."""
         try:
             while True:
-                self._apply(*self._conn.recv())
+                message = self._conn.recv()
+                try:
+                    self._apply(*message)
+                except Exception:  # one bad message must not strand every other request
+                    logger.exception("model %r: could not apply the engine's %r message", self.info.name, message[0])
         except (EOFError, OSError):
             pass
         finally:
@@ -191,7 +196,8 @@ class ProcessEngine:
                     self._pending.pop(request_id, None)
                     self._ids_by_future.pop(future, None)
         elif kind == "started":
-            future.set_running_or_notify_cancel()  # False if the caller cancelled it meanwhile: nothing to do
+            if not future.done():  # the caller may have cancelled it meanwhile: then nothing to do
+                future.set_running_or_notify_cancel()
         elif kind == "token":
             if pending.on_token is not None and not future.done():
                 try:
