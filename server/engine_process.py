@@ -270,7 +270,7 @@ def _child_main(conn, repository: str, name: str, runtime_options: RuntimeOption
     # The parent decides when to stop (it drains first); a terminal's Ctrl-C reaches the whole group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from attnserve.server import logging_setup
+    from attnserve.server import logging_setup, memory
     from attnserve.server.engine import load_engines
 
     if log_options is not None:
@@ -292,6 +292,7 @@ def _child_main(conn, repository: str, name: str, runtime_options: RuntimeOption
             pass  # the parent is gone; the main loop sees EOF and stops
 
     futures: dict[int, Future] = {}
+    memory.release_free_heap()  # what building the sessions parsed and freed (the parent's trim is not ours)
     send(("ready", engine.info, engine.providers))
     try:
         while True:
