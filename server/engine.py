@@ -244,7 +244,20 @@ class ModelEngine:
         Raises:
             ValueError: see prepare(); OverloadedError: the queue is full; UnavailableError: closing.
         """
-        return self._batcher.submit(self.prepare(request), on_token, on_start)
+        return self.submit_prepared(self.prepare(request), on_token, on_start)
+
+    def submit_prepared(
+        self,
+        prepared: PreparedRequest,
+        on_token: Callable[[StreamedToken], None] | None = None,
+        on_start: Callable[[], None] | None = None,
+    ) -> Future[GenerationResult]:
+        """Queues a request `prepare` has validated (see submit()).
+
+        Raises:
+            OverloadedError: the queue is full; UnavailableError: closing.
+        """
+        return self._batcher.submit(prepared, on_token, on_start)
 
     def cancel(self, future: Future[GenerationResult]) -> None:
         """Cancels a request `submit` returned `future` for; a no-op once it has finished.

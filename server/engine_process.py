@@ -309,11 +309,17 @@ def _child_main(conn, repository: str, name: str, runtime_options: RuntimeOption
                 continue
             _, request_id, request, stream = message
             on_token = functools.partial(_send_event, send, "token", request_id) if stream else None
+            try:
+                prepared = engine.prepare(request)  # outside the lock: decoding a long recording takes a while
+            except Exception as exc:
+                send(("rejected", request_id, _transportable(exc)))
+                continue
             # Holding the pipe until "accepted" is out makes it the first message about the request: the
             # worker may start it at once, but its "started" and tokens wait for the lock.
             with send_lock:
                 try:
-                    future = engine.submit(request, on_token, functools.partial(send, ("started", request_id)))
+                    on_start = functools.partial(send, ("started", request_id))
+                    future = engine.submit_prepared(prepared, on_token, on_start)
                 except Exception as exc:
                     conn.send(("rejected", request_id, _transportable(exc)))
                     continue
