@@ -1,9 +1,9 @@
 """A model's engine in a child process (server/engine_process.py, `attnserve serve --engine-process`).
 
-The decisive comparison: what the child's engine gives equals what the same engine gives in process,
-greedy and beam, streamed or not, alone or many at once, directly and over gRPC. Then the contract the
-servicer relies on: validation errors raised by `submit`, the future marked running when the request leaves
-the queue, cancellation queued and running, and what happens when the child goes away.
+The decisive comparison: what the child's engine gives equals what the same engine gives in process, greedy
+and beam, streamed or not, alone or many at once, text and speech, directly and over gRPC. Then the contract
+the servicer relies on: validation errors raised by `submit`, the future marked running when the request
+leaves the queue, cancellation queued and running, and what happens when the child goes away.
 """
 
 from __future__ import annotations
@@ -18,12 +18,18 @@ from attnserve.server import app
 from attnserve.server.batcher import BatchingOptions
 from attnserve.server.engine import load_engines
 from attnserve.server.engine_process import ProcessEngine, load_process_engines
-from attnserve.server.generation import DecodingOptions, GenerationRequest, UnavailableError
+from attnserve.server.generation import (
+    AttentionOptions,
+    AudioInput,
+    DecodingOptions,
+    GenerationRequest,
+    UnavailableError,
+)
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.server.scheduler import SchedulingOptions
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
-from conftest import TINY_MODEL_NAME
+from conftest import TINY_MODEL_NAME, TINY_SPEECH_NAME
 from fakes import MIXED_TEXTS, WAIT
 
 # One row at a time: a second request waits in the child's queue while the first runs.
@@ -188,3 +194,20 @@ def test_the_serve_flag_loads_engines_in_child_processes(tiny_model_repo):
     finally:
         for engine in engines.values():
             engine.close()
+
+
+def test_a_speech_model_in_a_child_gives_what_it_gives_in_process(tiny_speech_repo):
+    from test_speech import wav
+
+    requests = [GenerationRequest(TINY_SPEECH_NAME, audio=AudioInput(wav=wav(i)), attention=AttentionOptions(True),
+                                  decoding=DecodingOptions(max_new_tokens=8, beam_size=1 + i % 2)) for i in range(3)]
+    registry = load_engines(tiny_speech_repo, RuntimeOptions(), BatchingOptions())
+    child = ProcessEngine(tiny_speech_repo, TINY_SPEECH_NAME)
+    try:
+        for want, got in zip([registry.get(TINY_SPEECH_NAME).generate(r, WAIT) for r in requests],
+                             [f.result(WAIT) for f in [child.submit(r) for r in requests]]):
+            assert [t.id for t in got.tokens] == [t.id for t in want.tokens]
+            assert got.words == want.words  # word timestamps from the attention, as served in process
+    finally:
+        child.close()
+        registry.close()
