@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Mapping
@@ -139,6 +140,10 @@ async def start(
     # The engines were loaded (and warmed up, by `serve`) before the server was built: ready once it listens.
     for name in ("", SERVICE_NAME, *engines):
         await health_servicer.set(name, _SERVING)
+    loop = asyncio.get_running_loop()
+    for name, engine in engines.items():
+        if hasattr(engine, "on_exit"):  # an engine in a child process (--engine-process) can die on its own
+            engine.on_exit = functools.partial(_engine_ended, loop, health_servicer, name)
     for name, reason in (broken or {}).items():
         logger.error("model %r is not served: %s", name, reason)
     scheme = "TLS" if tls else "plaintext"
@@ -154,6 +159,21 @@ def _message_limits(engines: Mapping[str, service.Engine]) -> limits.MessageLimi
         for name, engine in engines.items()
     }
     return limits.MessageLimits(sizes)
+
+
+def _engine_ended(loop: asyncio.AbstractEventLoop, health: readiness.HealthServicer, name: str, reason: str) -> None:
+    """A model's engine process died (`reason`, which the engine has logged): the model, the service and the
+    server report NOT_SERVING, so that readiness and liveness probes take the server out of rotation and
+    restart it (any thread)."""
+
+    async def mark() -> None:
+        for key in (name, SERVICE_NAME, ""):
+            await health.set(key, _NOT_SERVING)
+
+    try:
+        asyncio.run_coroutine_threadsafe(mark(), loop)
+    except RuntimeError:
+        pass  # the loop is closed: the server is gone already
 
 
 async def serve_until_signal(server: Server, grace: float | None) -> None:

@@ -80,6 +80,9 @@ class ProcessEngine:
         self._next_id = itertools.count()
         self._closed = False  # no more submissions: closing, or the child is gone
         self._close_requested = False
+        # Called (from the reader thread) with the reason if the child ends without being asked to: the
+        # server marks the model NOT_SERVING (server/app.py).
+        self.on_exit: Callable[[str], None] | None = None
         self._reader = threading.Thread(target=self._read, name=f"engine-{name}-reader", daemon=True)
         self._reader.start()
 
@@ -181,6 +184,12 @@ class ProcessEngine:
             pass
         finally:
             self._fail_all(UnavailableError(f"model '{self.info.name}': its engine process ended"))
+            if not self._close_requested:
+                self._process.join(5)
+                reason = f"its engine process ended unexpectedly (exit code {self._process.exitcode})"
+                logger.error("model %r: %s", self.info.name, reason)
+                if self.on_exit is not None:
+                    self.on_exit(reason)
 
     def _apply(self, kind: str, request_id: int, *payload) -> None:
         with self._lock:

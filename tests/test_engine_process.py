@@ -13,6 +13,7 @@ from concurrent.futures import CancelledError
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.server import app
 from attnserve.server.batcher import BatchingOptions
@@ -31,6 +32,7 @@ from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_MODEL_NAME, TINY_SPEECH_NAME
 from fakes import MIXED_TEXTS, WAIT
+from test_service import wait_until
 
 # One row at a time: a second request waits in the child's queue while the first runs.
 ONE_ROW = BatchingOptions(continuous=SchedulingOptions(max_rows=1))
@@ -180,6 +182,28 @@ def test_served_over_grpc_equals_in_process(tiny_model_repo, in_process):
                 assert [t.id for t in unary.tokens] == [t.id for t in want.tokens]
                 assert [m.token.token.id for m in streamed[:-1]] == [t.id for t in want.tokens]
                 assert streamed[-1].response.text == want.text
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
+def test_a_dead_engine_process_takes_the_server_out_of_service(tiny_model_repo):
+    engines = load_process_engines(tiny_model_repo, RuntimeOptions(), BatchingOptions())
+    try:
+        with app.BackgroundServer(engines) as background, grpc.insecure_channel(background.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+
+            def status(name: str):
+                return health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5).status
+
+            assert status("") == status(TINY_MODEL_NAME) == health_pb2.HealthCheckResponse.SERVING
+            engines[TINY_MODEL_NAME]._process.kill()
+            wait_until(lambda: status("") == health_pb2.HealthCheckResponse.NOT_SERVING)  # liveness restarts it
+            assert status(TINY_MODEL_NAME) == health_pb2.HealthCheckResponse.NOT_SERVING
+            message = pb.GenerateRequest(model=TINY_MODEL_NAME, text=pb.TextInput(text="hello"), target_language="en")
+            with pytest.raises(grpc.RpcError) as refused:
+                pb_grpc.AttnServeStub(channel).Generate(message, timeout=WAIT)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         for engine in engines.values():
             engine.close()
