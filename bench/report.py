@@ -48,36 +48,29 @@ def int8_copy(models: pathlib.Path, model: str, into: pathlib.Path) -> pathlib.P
     return into
 
 
+def served_targets(prefix: str, report: dict, tokens_at_32: float, ctranslate2: float, rss: tuple[str, float]):
+    """The targets of one served configuration (`report`: concurrency.py's report, or its `process` part)."""
+    return [
+        (f"{prefix}served tokens/s at 32 clients >= CTranslate2 float32 at batch 32", tokens_at_32, ctranslate2, ">="),
+        (f"{prefix}batching gain at 32 clients >= 5x", report["batching_gain"]["32"], 5.0, ">="),
+        (f"{prefix}1 client, unary gRPC / in process <= 1.15", report["grpc_over_in_process"], 1.15, "<="),
+        (f"{prefix}1 client, streamed gRPC / in process <= 1.15", report["grpc_stream_over_in_process"], 1.15, "<="),
+        (f"{prefix}serving RSS <= 400 MB ({rss[0]})", rss[1], 400.0, "<="),
+    ]
+
+
 def targets(results: dict) -> list[dict]:
     """The issue's targets, each with what was measured and whether it was met."""
-    served = results["concurrency"]["levels"]["batched"]["32"]["tokens_per_s"]
-    same = results["same_weights"]["tokens_per_s"]
+    concurrency, same = results["concurrency"], results["same_weights"]["tokens_per_s"]
+    levels, rss = concurrency["levels"], concurrency["server_peak_rss_mb"]
+    ctranslate2 = same["ctranslate2 float32 batch_32"]
     steps = {r["batch"]: r["ratio_200_to_10"] for r in results["step_positions"]}
-    rows = [
-        ("served tokens/s at 32 clients >= CTranslate2 float32 at batch 32", served,
-         same["ctranslate2 float32 batch_32"], ">="),
-        ("batching gain at 32 clients >= 5x", results["concurrency"]["batching_gain"]["32"], 5.0, ">="),
-        ("1 client, unary gRPC / in process <= 1.15", results["concurrency"]["grpc_over_in_process"], 1.15, "<="),
-        ("1 client, streamed gRPC / in process <= 1.15", results["concurrency"]["grpc_stream_over_in_process"],
-         1.15, "<="),
-        ("decoder step at position 200 / 10, batch 32 <= 1.3", steps.get(32), 1.3, "<="),
-        ("serving RSS <= 400 MB (peak, batched server)", results["concurrency"]["server_peak_rss_mb"]["batched"],
-         400.0, "<="),
-    ]
-    process = results["concurrency"].get("process")
-    if process is not None:  # the same server with its engine in a child process (--engine-process)
-        rows += [
-            ("--engine-process: served tokens/s at 32 clients >= CTranslate2 float32 at batch 32",
-             results["concurrency"]["levels"]["process"]["32"]["tokens_per_s"], same["ctranslate2 float32 batch_32"],
-             ">="),
-            ("--engine-process: batching gain at 32 clients >= 5x", process["batching_gain"]["32"], 5.0, ">="),
-            ("--engine-process: 1 client, unary gRPC / in process <= 1.15", process["grpc_over_in_process"], 1.15,
-             "<="),
-            ("--engine-process: 1 client, streamed gRPC / in process <= 1.15", process["grpc_stream_over_in_process"],
-             1.15, "<="),
-            ("--engine-process: serving RSS <= 400 MB (peaks of server + engine process)",
-             results["concurrency"]["server_peak_rss_mb"]["process"], 400.0, "<="),
-        ]
+    rows = served_targets("", concurrency, levels["batched"]["32"]["tokens_per_s"], ctranslate2,
+                          ("peak, batched server", rss["batched"]))
+    rows.append(("decoder step at position 200 / 10, batch 32 <= 1.3", steps.get(32), 1.3, "<="))
+    if "process" in concurrency:  # the same server with its engine in a child process (--engine-process)
+        rows += served_targets("--engine-process: ", concurrency["process"], levels["process"]["32"]["tokens_per_s"],
+                               ctranslate2, ("peaks of server + engine process", rss["process"]))
     if "attnserve int8 batch_32" in same:
         rows.append(("moonshot: attnserve int8 >= CTranslate2 int8, in process at batch 32",
                      same["attnserve int8 batch_32"], same["ctranslate2 int8 batch_32"], ">="))
