@@ -317,7 +317,7 @@ def _child_main(conn, repository: str, name: str, runtime_options: RuntimeOption
                     engine.cancel(future)
                 continue
             _, request_id, request, stream = message
-            on_token = functools.partial(_send_event, send, "token", request_id) if stream else None
+            on_token = functools.partial(_send_token, send, request_id) if stream else None
             try:
                 prepared = engine.prepare(request)  # outside the lock: decoding a long recording takes a while
             except Exception as exc:
@@ -340,8 +340,8 @@ def _child_main(conn, repository: str, name: str, runtime_options: RuntimeOption
         conn.close()
 
 
-def _send_event(send, kind: str, request_id: int, payload) -> None:
-    send((kind, request_id, payload))
+def _send_token(send, request_id: int, event: StreamedToken) -> None:
+    send(("token", request_id, event))
 
 
 def _send_outcome(send, futures: dict[int, Future], request_id: int, future: Future) -> None:
