@@ -125,6 +125,8 @@ class Batch:
         self._row_slots = np.arange(b)  # (B,) each row's slot, all different
         self.source_lengths = source_lengths  # (B,) real source tokens per row
         self.positions = np.zeros(b, dtype=np.int64)  # (B,) position of each row's next input token
+        # The most rows this batch will hold at once (continuous batching's max_rows; set by its lane), or None.
+        self.max_rows: int | None = None
         # (B,) most new tokens per row from the encoder's length hint (manifest encoder.length_hint), or None.
         self.length_budget: np.ndarray | None = None
         # Joint CTC/attention decoding (manifest encoder.ctc): each row's CTC prefix scores, or None.
@@ -309,7 +311,8 @@ class Batch:
             self._row_slots = np.concatenate([self._row_slots, targets])
         else:  # every row into fresh tensors, with room for the next newcomers
             width = max(b._width() for b in parts)
-            self._slots = Slots.gather(self._manifest, [(b._slots, b._row_slots) for b in parts], width, spare=True)
+            self._slots = Slots.gather(self._manifest, [(b._slots, b._row_slots) for b in parts], width, spare=True,
+                                       max_rows=self.max_rows)
             self._row_slots = np.arange(self._slots.size)
         if self._ctc is not None:
             self._ctc = CTCPrefixScorer.concatenate([b._ctc for b in parts])
@@ -345,7 +348,8 @@ class Batch:
     def _regather(self, slots: np.ndarray, spare: bool = False) -> None:
         """The rows (already selected: row i is slot slots[i]) move into fresh tensors of their size (with
         `spare`: room for more rows, Slots.gather)."""
-        self._slots = Slots.gather(self._manifest, [(self._slots, slots)], self._width(), spare=spare)
+        self._slots = Slots.gather(self._manifest, [(self._slots, slots)], self._width(), spare=spare,
+                                   max_rows=self.max_rows)
         self._row_slots = np.arange(len(slots))
 
 

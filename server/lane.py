@@ -32,7 +32,8 @@ class Group:
 class Lane:
     """A running batch and the groups whose rows it holds, in row order."""
 
-    def __init__(self):
+    def __init__(self, max_rows: int | None = None):
+        self.max_rows = max_rows  # the scheduler's row limit: the lane's batch keeps no spare slots past it
         self.batch: Batch | None = None
         self.groups: list[Group] = []
 
@@ -55,6 +56,7 @@ class Lane:
         """Appends a group already started elsewhere, with its batch rows."""
         if not self.groups:
             self.batch = batch
+            batch.max_rows = self.max_rows
         else:
             self.batch.merge(batch)
         self.groups.append(group)

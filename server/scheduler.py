@@ -53,8 +53,8 @@ class Scheduler:
             raise ValueError(f"Scheduler max_admit must be >= 1, got {max_admit}")
         self.options = options
         self.max_admit = max_admit
-        self.foreground = Lane()
-        self.background = Lane()
+        self.foreground = Lane(options.max_rows)
+        self.background = Lane(options.max_rows)
         self._held = 0  # consecutive steps queued requests were held back
 
     @property

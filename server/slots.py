@@ -61,18 +61,22 @@ class Slots:
 
     @classmethod
     def gather(cls, manifest: Manifest, parts: Sequence[tuple[Slots, np.ndarray]], width: int,
-               spare: bool = False) -> Slots:
+               spare: bool = False, max_rows: int | None = None) -> Slots:
         """Fresh tensors holding, in order, the given slots of each part (repeats allowed), each tensor written
         once; source axes cut or zero-padded to `width`, caches without leading slots no chosen row attends.
 
         Args:
             spare: leave room for more rows (SPARE_SHARE).
+            max_rows: the most rows the batch may ever hold (the scheduler's limit): no spare slots past it,
+                which no row could take (at 64 rows, a third of the tensors).
         """
         rows = [r for _, r in parts]
         size = sum(len(r) for r in rows)
         capacity = size
         if spare:
             capacity += max(SPARE_SLOTS, int(SPARE_SHARE * size))
+            if max_rows is not None:
+                capacity = max(size, min(capacity, max_rows))
         static = {s.target: _gather([p.static[s.target] for p, _ in parts], rows, s.batch_axis, s.source_axis,
                                     width, capacity) for s in manifest.static}
         state = {s.input: _gather([p.state[s.input] for p, _ in parts], rows, s.batch_axis, s.source_axis,

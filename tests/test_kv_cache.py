@@ -170,6 +170,32 @@ def test_a_newcomer_takes_a_finished_rows_slot_and_the_others_stay_put(model):
             np.testing.assert_allclose(got.attention[row][..., :width], alone[source][row_steps[row]][1][0], atol=ATOL)
 
 
+def test_a_batch_keeps_no_spare_slots_past_its_row_limit(model):
+    """Fresh tensors made for newcomers get spare slots for later ones, but never past the scheduler's row
+    limit (`max_rows`, set by the batch's lane): no row could take them, and at 64 rows they were a third of
+    the batch's memory. The rows still compute what they would alone."""
+    manifest, runtime = model
+    tokens = np.array([4, 9, 10, 11, 12, 13, 9, 9])
+    alone = [reference_steps(manifest, runtime, [s], tokens) for s in SOURCES]
+    late = 3
+    batch = build(manifest, runtime, SOURCES[:2])
+    batch.max_rows = 4
+    for step in range(late):
+        batch.step(np.full(2, tokens[step]))
+    batch.merge(build(manifest, runtime, SOURCES[2:] * 2))  # a longer source: every row into fresh tensors
+    assert batch.slots.size == 4 and batch.slots.capacity == 4  # not 4 + spare slots
+    rows, starts = [0, 1, 2, 2], np.array([0, 0, late, late])
+    for step in range(late, len(tokens)):
+        row_steps = step - starts
+        got = batch.step(tokens[row_steps])
+        for row, source in enumerate(rows):
+            np.testing.assert_allclose(got.logits[row], alone[source][row_steps[row]][0][0], atol=ATOL)
+
+    unlimited = build(manifest, runtime, SOURCES[:2])
+    unlimited.merge(build(manifest, runtime, SOURCES[2:] * 2))
+    assert unlimited.slots.capacity > 4  # without a limit the spare slots are there
+
+
 def test_a_beam_kept_twice_is_copied_into_a_free_slot(model):
     """Beam search keeps a row twice: the copy goes into a slot a dropped beam freed, not into fresh tensors,
     and both copies then compute what the row would alone."""
