@@ -281,9 +281,8 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
             it, no model loads.
     """
     # Imported here so that the server package (and the client-only CLI) imports without onnxruntime.
-    from attnserve.server import engine
     from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.runtime import RuntimeOptions
+    from attnserve.server.runtime_options import RuntimeOptions
     from attnserve.server.scheduler import SchedulingOptions
 
     runtime = RuntimeOptions(device=options.device, intra_op_threads=options.threads, variant=options.variant)
@@ -304,6 +303,8 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         engines = load_process_engines(options.models, runtime, batching, broken, options.only_models,
                                        (options.log_level, options.log_format))
     else:
+        from attnserve.server import engine
+
         registry = engine.load_engines(options.models, runtime, batching, broken, options.only_models)
         engines = {name: registry.get(name) for name in registry.names()}
     try:

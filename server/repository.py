@@ -11,9 +11,13 @@ import dataclasses
 import logging
 import pathlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from attnserve.server.manifest import Manifest, load_manifest
-from attnserve.server.runtime import GraphSignature, Runtime, RuntimeOptions
+from attnserve.server.runtime_options import RuntimeOptions
+
+if TYPE_CHECKING:
+    from attnserve.server.runtime import GraphSignature, Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +141,8 @@ def open_runtime(model: ModelVersion, options: RuntimeOptions = RuntimeOptions()
     Raises:
         ValueError: a graph cannot be loaded or disagrees with the manifest.
     """
+    from attnserve.server.runtime import Runtime  # here, so that listing a repository needs no onnxruntime
+
     variant = options.variant if options.variant in model.manifest.variants else None
     if options.variant and variant is None:
         logger.info("model %r has no %r variant: serving its default graphs", model.name, options.variant)

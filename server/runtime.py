@@ -12,8 +12,8 @@ from collections.abc import Mapping
 import numpy as np
 import onnxruntime as ort
 
-DEVICES = ("cpu", "cuda")
-_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+from attnserve.server.runtime_options import PROVIDERS, RuntimeOptions  # noqa: F401  (re-exported)
+
 # ONNX Runtime's type strings for the dtypes the contract uses.
 _ORT_DTYPES = {
     "tensor(float)": "float32",
@@ -23,42 +23,6 @@ _ORT_DTYPES = {
     "tensor(int32)": "int32",
     "tensor(bool)": "bool",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class RuntimeOptions:
-    # "cpu", or "cuda" for the CUDA execution provider (needs onnxruntime-gpu and a GPU).
-    device: str = "cpu"
-    # CUDA device ordinal when device == "cuda".
-    device_id: int = 0
-    # Threads one operator may use; 1 keeps several models (and the batcher) from fighting over cores.
-    intra_op_threads: int = 1
-    # Threads for running independent graph branches in parallel.
-    inter_op_threads: int = 1
-    # Manifest variant whose graphs to run where a model has it (e.g. "int8"); None = the default graphs.
-    variant: str | None = None
-
-    def __post_init__(self):
-        if self.device not in DEVICES:
-            raise ValueError(f"RuntimeOptions.device must be one of {list(DEVICES)}, got {self.device!r}")
-        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
-            raise ValueError("RuntimeOptions thread counts must be >= 0 (0 = ONNX Runtime's default)")
-
-    def providers(self) -> list[str | tuple[str, dict]]:
-        """The execution providers to ask for, best first.
-
-        Raises:
-            ValueError: CUDA asked for but this onnxruntime build has no CUDA provider.
-        """
-        if self.device == "cpu":
-            return [_PROVIDERS["cpu"]]
-        available = ort.get_available_providers()
-        if _PROVIDERS["cuda"] not in available:
-            raise ValueError(
-                f"device 'cuda' asked for, but this onnxruntime build offers only {available}; "
-                "install the `gpu` extra (onnxruntime-gpu) on a machine with CUDA, or use device 'cpu'"
-            )
-        return [(_PROVIDERS["cuda"], {"device_id": self.device_id}), _PROVIDERS["cpu"]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,12 +57,13 @@ def _open_session(path: pathlib.Path, options: RuntimeOptions) -> ort.InferenceS
     session_options = ort.SessionOptions()
     session_options.intra_op_num_threads = options.intra_op_threads
     session_options.inter_op_num_threads = options.inter_op_threads
+    session_options.enable_cpu_mem_arena = options.cpu_memory_arena
     providers = options.providers()
     try:
         session = ort.InferenceSession(str(path), session_options, providers=providers)
     except Exception as exc:  # ORT raises its own exception types for unreadable or invalid graphs.
         raise ValueError(f"{path}: ONNX Runtime cannot load the graph: {exc}") from exc
-    if options.device == "cuda" and _PROVIDERS["cuda"] not in session.get_providers():
+    if options.device == "cuda" and PROVIDERS["cuda"] not in session.get_providers():
         raise ValueError(
             f"{path}: the CUDA provider failed to start (is a GPU visible?); running on {session.get_providers()}"
         )

@@ -1,0 +1,54 @@
+"""How a model's ONNX Runtime sessions run: device, threads, variant, memory.
+
+Kept apart from `runtime` so that code which only passes these options along (the gRPC process of
+`attnserve serve --engine-process`, which never runs a graph) does not import onnxruntime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+DEVICES = ("cpu", "cuda")
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeOptions:
+    # "cpu", or "cuda" for the CUDA execution provider (needs onnxruntime-gpu and a GPU).
+    device: str = "cpu"
+    # CUDA device ordinal when device == "cuda".
+    device_id: int = 0
+    # Threads one operator may use; 1 keeps several models (and the batcher) from fighting over cores.
+    intra_op_threads: int = 1
+    # Threads for running independent graph branches in parallel.
+    inter_op_threads: int = 1
+    # Manifest variant whose graphs to run where a model has it (e.g. "int8"); None = the default graphs.
+    variant: str | None = None
+    # ONNX Runtime's CPU memory arena. Off by default: shapes change every step (batch rows, cache length),
+    # the arena keeps every size it ever served, and without it the served translator peaked 28 MB lower
+    # under 32-64 clients at the same speed (decoder step at batch 1/8/32 within 1-8%, bench/README.md).
+    cpu_memory_arena: bool = False
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            raise ValueError(f"RuntimeOptions.device must be one of {list(DEVICES)}, got {self.device!r}")
+        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
+            raise ValueError("RuntimeOptions thread counts must be >= 0 (0 = ONNX Runtime's default)")
+
+    def providers(self) -> list[str | tuple[str, dict]]:
+        """The execution providers to ask for, best first.
+
+        Raises:
+            ValueError: CUDA asked for but this onnxruntime build has no CUDA provider.
+        """
+        if self.device == "cpu":
+            return [PROVIDERS["cpu"]]
+        import onnxruntime as ort  # only here: see the module docstring
+
+        available = ort.get_available_providers()
+        if PROVIDERS["cuda"] not in available:
+            raise ValueError(
+                f"device 'cuda' asked for, but this onnxruntime build offers only {available}; "
+                "install the `gpu` extra (onnxruntime-gpu) on a machine with CUDA, or use device 'cpu'"
+            )
+        return [(PROVIDERS["cuda"], {"device_id": self.device_id}), PROVIDERS["cpu"]]
