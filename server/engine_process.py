@@ -12,8 +12,10 @@ semantics: `submit` raises the engine's own validation errors, the future is mar
 request leaves the queue (so the load gauges stay right), tokens reach `on_token` in order, a queued request
 cancelled is dropped at once and a running one ends with CancelledError after the current step.
 
-Messages over one duplex pipe (pickled):
-    parent -> child   ("submit", id, request, stream) · ("cancel", id) · ("close",)
+The child is `python -m attnserve.server.engine_process FD`, FD its end of a socket pair. Messages over it
+(pickled, multiprocessing's framing):
+    parent -> child   (repository, name, runtime options, batching options, log options), once at start;
+                      ("submit", id, request, stream) · ("cancel", id) · ("close",)
     child -> parent   ("ready", info, providers) or ("failed", reason), once at start;
                       ("accepted", id) or ("rejected", id, exception), before anything else about the
                       request; ("started", id); ("token", id, event);
@@ -26,10 +28,13 @@ import dataclasses
 import functools
 import itertools
 import logging
-import multiprocessing
+import multiprocessing.connection
 import pathlib
 import pickle
 import signal
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
@@ -37,7 +42,7 @@ from concurrent.futures import CancelledError, Future
 from attnserve.server.batcher import BatchingOptions
 from attnserve.server.generation import GenerationRequest, GenerationResult, ModelInfo, StreamedToken, UnavailableError
 from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.runtime_options import RuntimeOptions
 
 logger = logging.getLogger(__name__)
 
@@ -64,14 +69,16 @@ class ProcessEngine:
 
     def __init__(self, repository: str | pathlib.Path, name: str, runtime_options: RuntimeOptions = RuntimeOptions(),
                  batching_options: BatchingOptions = BatchingOptions(), log_options: tuple[str, str] | None = None):
-        context = multiprocessing.get_context("spawn")  # a fork would copy the parent's threads' locks
-        self._conn, child_end = context.Pipe()
-        self._process = context.Process(
-            target=_child_main, name=f"engine-{name}", daemon=True,
-            args=(child_end, str(repository), name, runtime_options, batching_options, log_options),
-        )
-        self._process.start()
-        child_end.close()
+        # A plain subprocess, not multiprocessing's spawn: that also starts its resource tracker, one more
+        # Python process (13 MB) that nothing here uses. The child learns its job from the first message.
+        parent_end, child_end = socket.socketpair()
+        with child_end:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "attnserve.server.engine_process", str(child_end.fileno())],
+                pass_fds=[child_end.fileno()],
+            )
+        self._conn = multiprocessing.connection.Connection(parent_end.detach())
+        self._conn.send((str(repository), name, runtime_options, batching_options, log_options))
         self.info, self.providers = self._wait_ready(name)
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -94,6 +101,7 @@ class ProcessEngine:
         """
         if not self._conn.poll(START_TIMEOUT_SECONDS):
             self._process.kill()
+            self._process.wait()
             raise ValueError(f"model {name!r}: its engine process did not start in {START_TIMEOUT_SECONDS:.0f} s")
         try:
             kind, *payload = self._conn.recv()
@@ -101,8 +109,7 @@ class ProcessEngine:
             kind, payload = "died", []
         if kind == "ready":
             return payload[0], payload[1]
-        self._process.join(10)
-        reason = payload[0] if kind == "failed" else f"its engine process exited (code {self._process.exitcode})"
+        reason = payload[0] if kind == "failed" else f"its engine process exited (code {_wait(self._process, 10)})"
         raise ValueError(f"model {name!r}: {reason}")
 
     def submit(self, request: GenerationRequest,
@@ -149,12 +156,13 @@ class ProcessEngine:
             if self._close_requested:
                 return
             self._close_requested = self._closed = True
-        self._send(("close",))  # nobody reads it if the child died: then the join below just reaps it
-        self._process.join(timeout)
-        if self._process.is_alive():
+        self._send(("close",))  # nobody reads it if the child died: then the wait below just reaps it
+        try:
+            self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
             logger.warning("model %r: engine process did not stop in %s s; killing it", self.info.name, timeout)
             self._process.kill()
-            self._process.join()
+            self._process.wait()
         self._reader.join(timeout)
 
     def _send(self, message: tuple) -> None:
@@ -185,8 +193,7 @@ class ProcessEngine:
         finally:
             self._fail_all(UnavailableError(f"model '{self.info.name}': its engine process ended"))
             if not self._close_requested:
-                self._process.join(5)
-                reason = f"its engine process ended unexpectedly (exit code {self._process.exitcode})"
+                reason = f"its engine process ended unexpectedly (exit code {_wait(self._process, 5)})"
                 logger.error("model %r: %s", self.info.name, reason)
                 if self.on_exit is not None:
                     self.on_exit(reason)
@@ -232,6 +239,14 @@ class ProcessEngine:
             _settle(p.future, error)
 
 
+def _wait(process: subprocess.Popen, timeout: float) -> int | None:
+    """The process's exit code once it ends, or None if it is still running after timeout seconds."""
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def _settle(future: Future, error: BaseException | None = None, result: GenerationResult | None = None) -> None:
     """Ends a parent future unless it already ended (e.g. cancelled while queued)."""
     if future.done():
@@ -272,6 +287,16 @@ def load_process_engines(repository: str | pathlib.Path, runtime_options: Runtim
 
 
 # ---- the child ----
+
+def _child_entry(fd: int) -> None:
+    """`python -m attnserve.server.engine_process FD`: FD is the child's end of the parent's socket pair."""
+    conn = multiprocessing.connection.Connection(fd)
+    try:
+        repository, name, runtime_options, batching_options, log_options = conn.recv()
+    except (EOFError, OSError):
+        return  # the parent went away before saying what to load
+    _child_main(conn, repository, name, runtime_options, batching_options, log_options)
+
 
 def _child_main(conn, repository: str, name: str, runtime_options: RuntimeOptions,
                 batching_options: BatchingOptions, log_options: tuple[str, str] | None) -> None:
@@ -361,3 +386,7 @@ def _transportable(exc: BaseException) -> BaseException:
         return exc
     except Exception:
         return RuntimeError(repr(exc))
+
+
+if __name__ == "__main__":
+    _child_entry(int(sys.argv[1]))

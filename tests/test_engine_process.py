@@ -8,6 +8,8 @@ leaves the queue, cancellation queued and running, and what happens when the chi
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from concurrent.futures import CancelledError
 
@@ -218,6 +220,24 @@ def test_the_serve_flag_loads_engines_in_child_processes(tiny_model_repo):
     finally:
         for engine in engines.values():
             engine.close()
+
+
+def test_the_grpc_process_loads_no_onnxruntime_and_starts_no_helper_process(tiny_model_repo):
+    # The point of its memory budget: the graphs run in the children only, and the children are the only
+    # processes it starts (multiprocessing's spawn would add its resource tracker, another interpreter).
+    script = f"""
+import os, pathlib, sys
+from attnserve.server import app
+engines, _ = app.load_models(app.ServeOptions(models={str(tiny_model_repo)!r}, engine_process=True))
+children = [int(c) for t in pathlib.Path(f"/proc/{{os.getpid()}}/task").iterdir()
+            for c in (t / "children").read_text().split()]
+print("onnxruntime" in sys.modules, len(children))
+for engine in engines.values():
+    engine.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "1"]
 
 
 def test_a_speech_model_in_a_child_gives_what_it_gives_in_process(tiny_speech_repo):
