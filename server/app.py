@@ -292,7 +292,8 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         max_queue_size=options.max_queue_size,
         max_attention_values=options.max_attention_values,
         max_beam_size=options.max_beam_size,
-        continuous=SchedulingOptions(options.max_rows, options.fair_share_row_steps, options.admission_hold_steps)
+        continuous=SchedulingOptions(options.max_rows, options.fair_share_row_steps, options.admission_hold_steps,
+                                     overlap_encoding=options.overlap_encoding)
         if options.batching == "continuous"
         else None,
     )

@@ -31,6 +31,9 @@ class SchedulingOptions:
     admission_hold_steps: int = 0
     # Queued requests (or free rows, if fewer) that end a hold.
     admission_hold_queue: int = 8
+    # Encode requests admitted while a batch runs on a second thread, during the running batch's next step;
+    # they join it one step later. False: encode them on the worker, between steps (every row waits).
+    overlap_encoding: bool = True
 
     def __post_init__(self):
         for name in ("max_rows", "fair_share_row_steps", "admission_hold_queue"):
@@ -56,6 +59,7 @@ class Scheduler:
         self.foreground = Lane(options.max_rows)
         self.background = Lane(options.max_rows)
         self._held = 0  # consecutive steps queued requests were held back
+        self.encoding_rows = 0  # rows admitted whose encoding is still under way (not in a lane yet)
 
     @property
     def running(self) -> bool:
@@ -69,7 +73,7 @@ class Scheduler:
         """Moves over-budget groups to the background until `rows` more fit in the foreground (or none can)."""
         over = [g for g in self.foreground.groups if g.row_steps > self.options.fair_share_row_steps]
         for group in sorted(over, key=lambda g: -g.row_steps):
-            if self._fits(self.foreground.rows, rows):
+            if self._fits(self.foreground.rows + self.encoding_rows, rows):
                 return
             if self.background and self.background.rows + group.rows > self.options.max_rows:
                 continue
@@ -77,7 +81,7 @@ class Scheduler:
 
     def hold(self, queued: int) -> bool:
         """Whether to admit nobody at this step boundary although `queued` requests wait (see the module)."""
-        free = self.options.max_rows - self.foreground.rows
+        free = self.options.max_rows - self.foreground.rows - self.encoding_rows
         if (queued and self.running and self._held < self.options.admission_hold_steps
                 and queued < min(self.options.admission_hold_queue, max(free, 1))):
             self._held += 1
@@ -90,7 +94,8 @@ class Scheduler:
         taken = [0, 0]  # rows, requests accepted by this predicate so far
 
         def fits(rows: int) -> bool:
-            if taken[1] >= self.max_admit or not self._fits(self.foreground.rows + taken[0], rows):
+            used = self.foreground.rows + self.encoding_rows + taken[0]
+            if taken[1] >= self.max_admit or not self._fits(used, rows):
                 return False
             taken[0] += rows
             taken[1] += 1

@@ -38,6 +38,8 @@ class ServeOptions:
     max_rows: int = 64  # continuous batching: rows (beams count one each) decoding together per model
     fair_share_row_steps: int = 512  # continuous batching: rows x steps before a request yields to the queue
     admission_hold_steps: int = 0  # continuous batching: steps a few queued requests may wait for company
+    # Continuous batching: encode requests admitted mid-flight on a second thread while the batch steps.
+    overlap_encoding: bool = True
     # Run each model's engine in a child process, so that the gRPC loop and the decode loop share no GIL.
     engine_process: bool = False
     metrics_port: int | None = None  # serve Prometheus /metrics over HTTP; None = don't
@@ -161,6 +163,12 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         dict(type=int, help="--batching continuous: while a batch runs, hold fewer than 8 queued requests back "
              "for up to this many steps so that they are admitted together: more throughput, a later first "
              "token (default: %(default)s = admit at every step)"),
+    ),
+    "--inline-encoding": (
+        "overlap_encoding",
+        dict(action="store_false", help="--batching continuous: encode requests admitted mid-flight on the "
+             "decode thread, between steps (the running rows wait for it), instead of on a second thread "
+             "while the batch takes its next step"),
     ),
     "--engine-process": (
         "engine_process",

@@ -37,6 +37,8 @@ from fakes import MIXED_TEXTS, WAIT, recording_engine
 CONTINUOUS = BatchingOptions()  # the default
 FAIR = 16
 ALONE = BatchingOptions(max_batch_size=1, window_seconds=0.0, continuous=None)
+# Newcomers encoded on the worker between steps: they join at the next step, whatever the encoder's speed.
+INLINE_ENCODING = BatchingOptions(continuous=SchedulingOptions(overlap_encoding=False))
 IMAGE_MAX_NEW = 6  # the tiny captioner's limit
 
 
@@ -215,7 +217,8 @@ def test_a_short_request_finishes_before_a_long_beam_search_that_started_earlier
 
 
 def test_cancelling_a_running_request_frees_its_row_within_one_step(tiny_model_repo):
-    continuous, alone = engines(tiny_model_repo, TINY_MODEL_NAME)
+    # Encoded between steps, the other request joins at the very next step (the claim needs them together).
+    continuous, alone = engines(tiny_model_repo, TINY_MODEL_NAME, INLINE_ENCODING)
     log, holder = [], {}
     other = text(TINY_MODEL_NAME, 3, new=20, at_least=20)
 
@@ -245,8 +248,8 @@ def test_cancelling_a_running_request_frees_its_row_within_one_step(tiny_model_r
 def test_a_held_request_joins_once_it_has_company_or_the_hold_ends(tiny_model_repo, hold, company, joins_after):
     """--admission-hold-steps: a request arriving alone mid-flight waits `hold` steps, one that arrives with
     enough others (here the hold queue is 3) joins at the next step; the result is the same either way."""
-    options = dataclasses.replace(CONTINUOUS, continuous=SchedulingOptions(
-        max_rows=16, admission_hold_steps=hold, admission_hold_queue=3))
+    options = dataclasses.replace(CONTINUOUS, continuous=SchedulingOptions(  # step counts exact: encode inline
+        max_rows=16, admission_hold_steps=hold, admission_hold_queue=3, overlap_encoding=False))
     continuous, alone = engines(tiny_model_repo, TINY_MODEL_NAME, options)
     rows, late = [], [text(TINY_MODEL_NAME, 3 + k, new=6, at_least=6) for k in range(1 + company)]
     futures = []
@@ -266,6 +269,53 @@ def test_a_held_request_joins_once_it_has_company_or_the_hold_ends(tiny_model_re
         alone.close()
     # rows[i]: rows running in the step that made the long request's token i (after it was answered).
     assert rows[: joins_after] == [1] * joins_after and rows[joins_after] == 2 + company
+
+
+def test_the_running_batch_keeps_stepping_while_newcomers_are_encoded(tiny_model_repo):
+    """Requests admitted mid-flight are encoded on a second thread while the running rows keep decoding, and
+    their rows count against --max-rows from admission on: with room for one newcomer, the second waits in the
+    queue while the first is encoded. Everyone still gets what they would alone."""
+    options = BatchingOptions(continuous=SchedulingOptions(max_rows=2))
+    engine, runtime = recording_engine(tiny_model_repo, TINY_MODEL_NAME, options)
+    alone = engines(tiny_model_repo, TINY_MODEL_NAME)[1]
+    encoding, release, encoded, calls = threading.Event(), threading.Event(), threading.Event(), [0]
+    encode = runtime.encode
+
+    def slow_encode(feeds):  # the newcomer's encoder call (the second) waits to be released
+        calls[0] += 1
+        if calls[0] == 2:
+            encoding.set()
+            assert release.wait(WAIT)
+        outputs = encode(feeds)
+        if calls[0] >= 2:
+            encoded.set()
+        return outputs
+
+    runtime.encode = slow_encode
+    # The trigger submits the newcomers after decoder call 1; their encoding starts before call 2.
+    held_step = threading.Event()
+    runtime.hold[6] = held_step
+    trigger = text(TINY_MODEL_NAME, 0, new=40, at_least=40)
+    late = [text(TINY_MODEL_NAME, 3), text(TINY_MODEL_NAME, 5)]
+    try:
+        first, futures = submit_after(engine, trigger, late, tokens=2)
+        assert encoding.wait(WAIT)
+        assert runtime.holding.wait(WAIT), "the running batch stopped while a newcomer was encoded"
+        assert not encoded.is_set()  # decoder calls 2-5 ran while the encoder call was still blocked
+        assert engine.queued() == 1 and engine.running_rows() == 1  # the newcomer's row is reserved
+        release.set()
+        assert encoded.wait(WAIT)
+        held_step.set()
+        assert_same(first.result(WAIT), alone.generate(trigger, WAIT))
+        results = [future.result(WAIT) for future in futures]
+        for request, result in zip(late, results):
+            assert_same(result, alone.generate(request, WAIT))
+        assert results[0].timings.batch_size == 2  # it joined the trigger's batch mid-flight
+    finally:
+        release.set()
+        held_step.set()
+        engine.close()
+        alone.close()
 
 
 def test_admission_bounds_rows_but_never_blocks_an_empty_lane():
@@ -297,6 +347,19 @@ def test_serve_batches_continuously_unless_told_to_use_the_window():
         parse_serve_flags("--batching", "static")
     with pytest.raises(ValueError, match="--batching 'static' is not one of continuous, window"):
         ServeOptions(batching="static")
+
+
+def test_the_serve_flag_moves_encoding_onto_the_decode_thread(tiny_model_repo):
+    from attnserve.server import app
+
+    assert parse_serve_flags().overlap_encoding and not parse_serve_flags("--inline-encoding").overlap_encoding
+    options = app.ServeOptions(models=str(tiny_model_repo), overlap_encoding=False)
+    engines, _ = app.load_models(options)
+    try:
+        assert not engines[TINY_MODEL_NAME]._batcher.options.continuous.overlap_encoding
+    finally:
+        for engine in engines.values():
+            engine.close()
 
 
 def test_served_over_grpc_streamed_equals_unary_equals_the_windowed_server(tiny_model_repo):
@@ -336,7 +399,7 @@ def test_a_deadline_passing_mid_flight_frees_the_row_and_spares_the_neighbour(ti
     from attnserve.v1 import attnserve_pb2 as pb
     from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 
-    engine, runtime = recording_engine(tiny_model_repo, TINY_MODEL_NAME)
+    engine, runtime = recording_engine(tiny_model_repo, TINY_MODEL_NAME, INLINE_ENCODING)  # exact step counts
     alone = load_engine(find_models(tiny_model_repo)[TINY_MODEL_NAME], RuntimeOptions(), ALONE)
     long = text(TINY_MODEL_NAME, 0, new=30, at_least=30)
     victim = pb.GenerateRequest(model=TINY_MODEL_NAME, text=pb.TextInput(text=MIXED_TEXTS[4]), target_language="en",
