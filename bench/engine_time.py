@@ -6,7 +6,9 @@
 
 Each row is an operation of server/decoding.py (the encoder and decoder calls inside `build` and `step`
 are also shown alone): its share of the wall time, how often it ran and its mean time per call. The
-operations are wrapped in place for the run, which adds about a microsecond per call.
+operations are wrapped in place for the run, which adds about a microsecond per call. Requests admitted while
+a batch runs are encoded on a second thread (`build`) beside the decoder steps, so the shares can add up to
+more than 100%.
 """
 
 from __future__ import annotations
