@@ -13,6 +13,7 @@ import numpy as np
 import onnxruntime as ort
 
 from attnserve.server.runtime_options import PROVIDERS, RuntimeOptions  # noqa: F401  (re-exported)
+from attnserve.server.shared_weights import shared_initializers
 
 # ONNX Runtime's type strings for the dtypes the contract uses.
 _ORT_DTYPES = {
@@ -53,8 +54,11 @@ def _signature(path: pathlib.Path, session: ort.InferenceSession) -> GraphSignat
     return GraphSignature(path, convert(session.get_inputs()), convert(session.get_outputs()))
 
 
-def _open_session(path: pathlib.Path, options: RuntimeOptions) -> ort.InferenceSession:
+def _open_session(path: pathlib.Path, options: RuntimeOptions,
+                  initializers: Mapping[str, ort.OrtValue] = {}) -> ort.InferenceSession:
     session_options = ort.SessionOptions()
+    for name, value in initializers.items():  # used instead of the graph's own copy (shared_weights.py)
+        session_options.add_initializer(name, value)
     session_options.intra_op_num_threads = options.intra_op_threads
     session_options.inter_op_num_threads = options.inter_op_threads
     session_options.enable_cpu_mem_arena = options.cpu_memory_arena
@@ -91,8 +95,14 @@ class Runtime:
     ):
         self.options = options
         self.variant = variant  # the manifest variant these graphs are ("" = the default graphs)
-        self._encoder = _open_session(pathlib.Path(encoder_path), options)
-        self._decoder = _open_session(pathlib.Path(decoder_path), options)
+        paths = [pathlib.Path(encoder_path), pathlib.Path(decoder_path)]
+        # Kept alive as long as the sessions: they read these buffers instead of copies of their own.
+        self.shared_weights: dict[str, ort.OrtValue] = {}
+        if options.share_weights and options.device == "cpu":  # on CUDA each session holds device copies anyway
+            self.shared_weights = {name: ort.OrtValue.ortvalue_from_numpy(array)
+                                   for name, array in shared_initializers(paths).items()}
+        self._encoder = _open_session(paths[0], options, self.shared_weights)
+        self._decoder = _open_session(paths[1], options, self.shared_weights)
         self.encoder_signature = _signature(pathlib.Path(encoder_path), self._encoder)
         self.decoder_signature = _signature(pathlib.Path(decoder_path), self._decoder)
         self._encoder_outputs = list(self.encoder_signature.outputs)

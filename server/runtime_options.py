@@ -28,6 +28,9 @@ class RuntimeOptions:
     # the arena keeps every size it ever served, and without it the served translator peaked 28 MB lower
     # under 32-64 clients at the same speed (decoder step at batch 1/8/32 within 1-8%, bench/README.md).
     cpu_memory_arena: bool = False
+    # Load a weight the encoder and decoder graphs both carry (tied embeddings) once for both sessions, on
+    # the CPU (server/shared_weights.py): 17 MB less for translate-zh-en.
+    share_weights: bool = True
 
     def __post_init__(self):
         if self.device not in DEVICES:
