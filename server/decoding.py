@@ -31,6 +31,7 @@ import numpy as np
 from attnserve.server.ctc_prefix import CTCPrefixScorer
 from attnserve.server.generation import AttentionReduction, FinishReason, GenerationRequest, SamplingOptions
 from attnserve.server.kv_cache import AppendCache
+from attnserve.server.log_softmax import log_softmax
 from attnserve.server.manifest import Manifest, StateSpec
 from attnserve.server.ngram_lm import LanguageModelState, NgramLanguageModel
 from attnserve.server.output_rules import OutputRules
@@ -391,27 +392,11 @@ class Selection:
     tokens: np.ndarray  # (B',) next input token of each
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """(B, V) -> (B, V) log-probabilities, computed stably in float32."""
-    x = logits.astype(np.float32, copy=False)
-    return x - _log_normalizer(x)
-
-
 def chosen_logprobs(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """(B, V) logits, (B,) or (B, m) tokens of each row -> the log-probabilities of those tokens only, shaped
-    as `tokens`.
-
-    The same float32 arithmetic as log_softmax's entries, without materialising the (B, V) result.
-    """
-    x = logits.astype(np.float32, copy=False)
-    picked = np.take_along_axis(x, tokens.reshape(len(x), -1), axis=1) - _log_normalizer(x)
+    as `tokens` (the entries of log_softmax)."""
+    picked = np.take_along_axis(log_softmax(logits), tokens.reshape(len(logits), -1), axis=1)
     return picked.reshape(tokens.shape)
-
-
-def _log_normalizer(x: np.ndarray) -> np.ndarray:
-    """(B, V) -> (B, 1) logsumexp of each row, computed stably."""
-    m = x.max(axis=-1, keepdims=True)
-    return m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
 @dataclasses.dataclass(frozen=True)
