@@ -424,6 +424,10 @@ def main() -> None:
     parser.add_argument("--ctc-layer", type=int, default=ListenAttendSpellConfig.ctc_layer,
                         help="pyramid layers below the CTC head")
     parser.add_argument("--ctc-weight", type=float, default=TrainOptions.ctc_weight)
+    parser.add_argument("--warp", type=float, nargs=2, metavar=("MIN", "MAX"),
+                        default=(AugmentOptions.warp_min, AugmentOptions.warp_max),
+                        help="range of the random mel-axis warp factor (above 1: spectra moved up, as a smaller "
+                             "vocal tract; default %(default)s)")
     args = parser.parse_args()
     if args.bf16_listener and (why := cpu_bf16.refusal("--bf16-listener", args.device)):
         parser.error(why)
@@ -446,7 +450,8 @@ def main() -> None:
     )
     opts = TrainOptions(batch_seconds=args.batch_seconds, max_batch=args.max_batch, lr=args.lr, ctc_weight=args.ctc_weight,
                         checkpoint_minutes=args.checkpoint_minutes, dev_clips=args.dev_clips, device=args.device,
-                        bf16_listener=args.bf16_listener)
+                        bf16_listener=args.bf16_listener,
+                        augment=AugmentOptions(warp_min=args.warp[0], warp_max=args.warp[1]))
     train(args.corpus, args.run, args.minutes, cfg, opts, args.features, args.init_weights, args.fresh_optimizer)
 
 
