@@ -157,9 +157,7 @@ class ProcessEngine:
                 return
             self._close_requested = self._closed = True
         self._send(("close",))  # nobody reads it if the child died: then the wait below just reaps it
-        try:
-            self._process.wait(timeout)
-        except subprocess.TimeoutExpired:
+        if _wait(self._process, timeout) is None:
             logger.warning("model %r: engine process did not stop in %s s; killing it", self.info.name, timeout)
             self._process.kill()
             self._process.wait()
@@ -239,7 +237,7 @@ class ProcessEngine:
             _settle(p.future, error)
 
 
-def _wait(process: subprocess.Popen, timeout: float) -> int | None:
+def _wait(process: subprocess.Popen, timeout: float | None) -> int | None:
     """The process's exit code once it ends, or None if it is still running after timeout seconds."""
     try:
         return process.wait(timeout)

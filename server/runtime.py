@@ -103,8 +103,8 @@ class Runtime:
                                    for name, array in shared_initializers(paths).items()}
         self._encoder = _open_session(paths[0], options, self.shared_weights)
         self._decoder = _open_session(paths[1], options, self.shared_weights)
-        self.encoder_signature = _signature(pathlib.Path(encoder_path), self._encoder)
-        self.decoder_signature = _signature(pathlib.Path(decoder_path), self._decoder)
+        self.encoder_signature = _signature(paths[0], self._encoder)
+        self.decoder_signature = _signature(paths[1], self._decoder)
         self._encoder_outputs = list(self.encoder_signature.outputs)
         self._decoder_outputs = list(self.decoder_signature.outputs)
 

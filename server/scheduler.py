@@ -62,6 +62,11 @@ class Scheduler:
         self.encoding_rows = 0  # rows admitted whose encoding is still under way (not in a lane yet)
 
     @property
+    def foreground_rows(self) -> int:
+        """Rows the foreground holds or has promised: its groups' and those of newcomers still being encoded."""
+        return self.foreground.rows + self.encoding_rows
+
+    @property
     def running(self) -> bool:
         return bool(self.foreground or self.background)
 
@@ -73,7 +78,7 @@ class Scheduler:
         """Moves over-budget groups to the background until `rows` more fit in the foreground (or none can)."""
         over = [g for g in self.foreground.groups if g.row_steps > self.options.fair_share_row_steps]
         for group in sorted(over, key=lambda g: -g.row_steps):
-            if self._fits(self.foreground.rows + self.encoding_rows, rows):
+            if self._fits(self.foreground_rows, rows):
                 return
             if self.background and self.background.rows + group.rows > self.options.max_rows:
                 continue
@@ -81,7 +86,7 @@ class Scheduler:
 
     def hold(self, queued: int) -> bool:
         """Whether to admit nobody at this step boundary although `queued` requests wait (see the module)."""
-        free = self.options.max_rows - self.foreground.rows - self.encoding_rows
+        free = self.options.max_rows - self.foreground_rows
         if (queued and self.running and self._held < self.options.admission_hold_steps
                 and queued < min(self.options.admission_hold_queue, max(free, 1))):
             self._held += 1
@@ -94,8 +99,7 @@ class Scheduler:
         taken = [0, 0]  # rows, requests accepted by this predicate so far
 
         def fits(rows: int) -> bool:
-            used = self.foreground.rows + self.encoding_rows + taken[0]
-            if taken[1] >= self.max_admit or not self._fits(used, rows):
+            if taken[1] >= self.max_admit or not self._fits(self.foreground_rows + taken[0], rows):
                 return False
             taken[0] += rows
             taken[1] += 1
