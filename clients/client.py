@@ -85,6 +85,7 @@ def translation_request(
     sampling: SamplingOptions | None = None,
     heads: Sequence[int] = (),
     reduction: str = "mean",
+    reverse_weight: float = 0.0,
 ) -> GenerationRequest:
     """Builds the request `translate` sends; pass it to `stream` to watch the tokens arrive.
 
@@ -102,6 +103,8 @@ def translation_request(
         sampling: sample instead of searching (beam_size 1); None = search.
         heads: heads of the attention layer to combine (negative counts from the last); empty = all.
         reduction: "mean" (rows sum to 1) or "max" (what any one of the heads looked at).
+        reverse_weight: > 0 = rerank the beam's candidates by how well each translates back into the source
+            (DecodingOptions.reverse_weight; not with `stream`); 0 = off.
 
     Raises:
         ValueError: unknown granularity or reduction.
@@ -115,6 +118,7 @@ def translation_request(
             beam_size=beam_size,
             num_return_sequences=num_return_sequences,
             sampling=sampling,
+            reverse_weight=reverse_weight,
         ),
         attention=AttentionOptions(
             enabled=attention, layer=layer, granularity=AttentionGranularity(granularity), heads=tuple(heads),

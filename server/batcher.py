@@ -154,11 +154,14 @@ class Batcher:
         self._worker.start()
 
     def submit(self, payload: Any, on_token: Callable[[Any], None] | None = None,
-               on_start: Callable[[], None] | None = None) -> Future:
+               on_start: Callable[[], None] | None = None, admitted: bool = False) -> Future:
         """Queues one item; returns the future its result (or exception) will be set on.
 
+        Args:
+            admitted: the item continues a request already accepted: a full queue does not refuse it.
+
         Raises:
-            OverloadedError: the queue is full.
+            OverloadedError: the queue is full (and the item is not `admitted`).
             UnavailableError: the batcher is closed.
         """
         item = WorkItem(payload, on_token, on_start)
@@ -166,7 +169,7 @@ class Batcher:
         with self._cond:
             if self._closed:
                 raise UnavailableError(f"model '{self.name}' is shutting down")
-            if len(self._queue) >= self.options.max_queue_size:
+            if len(self._queue) >= self.options.max_queue_size and not admitted:
                 raise OverloadedError(
                     f"model '{self.name}' has {len(self._queue)} requests queued (the limit); retry later"
                 )

@@ -124,6 +124,7 @@ def _decoding_from_proto(msg: pb.DecodingOptions) -> gen.DecodingOptions:
         min_new_tokens=msg.min_new_tokens,
         no_repeat_ngram_size=msg.no_repeat_ngram_size,
         sampling=sampling,
+        reverse_weight=msg.reverse_weight,
     )
 
 
@@ -138,6 +139,7 @@ def _decoding_to_proto(options: gen.DecodingOptions) -> pb.DecodingOptions:
         min_new_tokens=options.min_new_tokens,
         no_repeat_ngram_size=options.no_repeat_ngram_size,
         sampling=sampling,
+        reverse_weight=options.reverse_weight,
     )
 
 

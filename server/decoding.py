@@ -68,6 +68,11 @@ class PreparedRequest:
     # Non-negative heads of attention_layer to combine (empty = all), and how.
     attention_heads: tuple[int, ...] = ()
     attention_reduction: AttentionReduction = AttentionReduction.MEAN
+    # Tokens every step takes, EOS last (greedy rows only): the request scores this output instead of
+    # searching one (server/reranking.py builds such requests). None = search.
+    forced_ids: tuple[int, ...] | None = None
+    # DecodingOptions.reverse_weight > 0: the language to translate the candidates back into.
+    reverse_language: str | None = None
 
     @property
     def keeps_attention(self) -> bool:
@@ -468,7 +473,8 @@ class DecodeStrategy(abc.ABC):
         self._cancelled = np.zeros(len(self.requests), dtype=bool)
         self._max_new = np.array([r.max_new_tokens for r in self.requests], dtype=np.int64)  # (N,)
         if length_budget is not None:  # the encoder's estimate, never below what the request insists on
-            floor = np.array([r.min_new_tokens for r in self.requests], dtype=np.int64)
+            floor = np.array([r.min_new_tokens if r.forced_ids is None else len(r.forced_ids) for r in self.requests],
+                             dtype=np.int64)
             self._max_new = np.minimum(self._max_new, np.maximum(length_budget, np.maximum(floor, 1)))
         self._source_lengths = np.array([r.source.length for r in self.requests], dtype=np.int64)  # (N,)
         self._wants_attention = np.array([r.keeps_attention for r in self.requests], dtype=bool)
@@ -516,6 +522,8 @@ class GreedySearch(DecodeStrategy):
     def start(self) -> Selection:
         self._row_request = np.arange(len(self.requests))  # (B,) request of each row
         self._parents = self._row_request  # (B,) entry of the previous record each row continues
+        self._forced = [r.forced_ids for r in self.requests]
+        self._any_forced = any(f is not None for f in self._forced)
         self.rules.start(len(self.requests))
         return Selection(self._row_request, np.array([r.start_id for r in self.requests], dtype=np.int64))
 
@@ -523,6 +531,8 @@ class GreedySearch(DecodeStrategy):
         req = self._row_request
         self.rules.apply(logits, req, len(self.history))
         tokens = self._choose(logits, req)  # (B,)
+        if self._any_forced:
+            self._force(tokens, req)
         logprobs = chosen_logprobs(logits, tokens)  # (B,)
         self.history.append(self._parents, tokens, logprobs, attention)
         eos = tokens == self.eos
@@ -542,6 +552,14 @@ class GreedySearch(DecodeStrategy):
     def _choose(self, logits: np.ndarray, row_request: np.ndarray) -> np.ndarray:
         """(B, V) logits -> (B,) the next token of each row: the most likely one."""
         return logits.argmax(axis=-1)
+
+    def _force(self, tokens: np.ndarray, row_request: np.ndarray) -> None:
+        """Overwrites, in place, the tokens of rows whose request gives its output (forced_ids)."""
+        step = len(self.history)
+        for row, index in enumerate(row_request):
+            forced = self._forced[index]
+            if forced is not None:
+                tokens[row] = forced[step]
 
 
 class BeamSearch(DecodeStrategy):

@@ -40,6 +40,7 @@ from attnserve.server.generation import (
 )
 from attnserve.server.ngram_lm import NgramLanguageModel
 from attnserve.server.repository import ModelVersion, find_models, open_runtime
+from attnserve.server.reranking import Reranker
 from attnserve.server.runtime import Runtime, RuntimeOptions
 from attnserve.server.tokenization import Tokenizer, check_text
 
@@ -90,6 +91,7 @@ class ModelEngine:
         self._continuous = ContinuousLoop(self) if batching.continuous is not None else None
         loop = self._continuous.run if self._continuous is not None else None
         self._batcher = Batcher(self._process, batching, name=self.manifest.name, loop=loop)
+        self._reranker = Reranker(self)
 
     @property
     def providers(self) -> list[str]:
@@ -162,6 +164,7 @@ class ModelEngine:
         max_new_tokens = max_new_tokens if budget is None else min(max_new_tokens, budget)
         if layer is not None:
             self._check_attention_values(max_new_tokens, source.length, request.decoding.num_return_sequences)
+        reverse = self._reverse_language(language) if request.decoding.reverse_weight > 0 else None
         return PreparedRequest(
             request=request,
             source=source,
@@ -171,13 +174,27 @@ class ModelEngine:
             beam_size=beam_size,
             attention_layer=layer,
             timestamp_layer=timestamp_layer,
-            num_return_sequences=request.decoding.num_return_sequences,
+            # Reranking needs every beam's candidate.
+            num_return_sequences=beam_size if reverse else request.decoding.num_return_sequences,
             min_new_tokens=request.decoding.min_new_tokens,
             no_repeat_ngram_size=request.decoding.no_repeat_ngram_size,
             sampling=search_options.with_seed(request.decoding.sampling),
             attention_heads=heads,
             attention_reduction=request.attention.reduction,
+            reverse_language=reverse,
         )
+
+    def _reverse_language(self, target: str) -> str:
+        """The language a reranked request's source is in: the one other language the model translates into
+        and reads (reranking translates the candidates back into it)."""
+        m = self.manifest
+        others = [x for x in m.target_languages if x != target and x in m.source_languages]
+        if m.input.kind != "text" or len(others) != 1:
+            raise ValueError(
+                f"reverse_weight needs a text model that translates between two languages, both ways; model "
+                f"'{m.name}' reads {m.input.kind} and writes {', '.join(m.target_languages)}"
+            )
+        return others[0]
 
     def _check_attention_values(self, max_new_tokens: int, columns: int, sequences: int) -> None:
         """Refuses attention that could outgrow the server's per-response limit, before any decoding."""
@@ -242,7 +259,8 @@ class ModelEngine:
                 (its future is running from then on).
 
         Raises:
-            ValueError: see prepare(); OverloadedError: the queue is full; UnavailableError: closing.
+            ValueError: see prepare() and submit_prepared(); OverloadedError: the queue is full;
+                UnavailableError: closing.
         """
         return self.submit_prepared(self.prepare(request), on_token, on_start)
 
@@ -251,13 +269,21 @@ class ModelEngine:
         prepared: PreparedRequest,
         on_token: Callable[[StreamedToken], None] | None = None,
         on_start: Callable[[], None] | None = None,
+        admitted: bool = False,
     ) -> Future[GenerationResult]:
-        """Queues a request `prepare` has validated (see submit()).
+        """Queues a request `prepare` has validated (see submit()); `admitted`: a follow-up of a request
+        already accepted (reranking's rounds), never refused for a full queue.
 
         Raises:
-            OverloadedError: the queue is full; UnavailableError: closing.
+            ValueError: a reranked request (reverse_weight) with on_token: its output is known only once
+                every candidate was scored. OverloadedError: the queue is full; UnavailableError: closing.
         """
-        return self._batcher.submit(prepared, on_token, on_start)
+        if prepared.reverse_language is None:
+            return self._batcher.submit(prepared, on_token, on_start, admitted=admitted)
+        if on_token is not None:
+            raise ValueError("a request with reverse_weight cannot be streamed: its output is chosen only after "
+                             "every candidate was scored; use Generate, or reverse_weight 0")
+        return self._reranker.submit(prepared, on_start)
 
     def cancel(self, future: Future[GenerationResult]) -> None:
         """Cancels a request `submit` returned `future` for; a no-op once it has finished.
@@ -266,7 +292,8 @@ class ModelEngine:
         current decode step, its future ends with CancelledError and its batch rows are freed at the next
         step; the other requests of its batch are unaffected. Safe to call from any thread.
         """
-        self._batcher.cancel(future)
+        if not self._reranker.cancel(future):
+            self._batcher.cancel(future)
 
     def generate(self, request: GenerationRequest, timeout: float | None = None) -> GenerationResult:
         """Blocking submit(): waits for the result (TimeoutError after `timeout` seconds, which cancels it)."""
@@ -418,8 +445,9 @@ class ModelEngine:
         )
 
     def _nbest(self, prepared: PreparedRequest, hyp: Hypothesis) -> list[ScoredSequence]:
-        """The scored best sequences when the request asked for more than one; else empty."""
-        if prepared.num_return_sequences <= 1:
+        """The scored best sequences when the request asked for more than one, or the forced output with its
+        score (the reranker reads it); else empty."""
+        if prepared.num_return_sequences <= 1 and prepared.forced_ids is None:
             return []
         out = []
         for h in (hyp, *hyp.alternatives):

@@ -45,6 +45,10 @@ class DecodingOptions:
     no_repeat_ngram_size: int = 0
     # Sample instead of searching (greedy only: beam_size 1); None = the deterministic search.
     sampling: SamplingOptions | None = None
+    # > 0: rerank the beam's candidates by their score (log-probability / length) + reverse_weight x
+    # log p(source | candidate), the same model translating each candidate back (server/reranking.py).
+    # Beam search on a model that translates both ways; not streamed. 0 = the beam's own order.
+    reverse_weight: float = 0.0
 
 
 # Greedy search whatever the model's default search is: what a comparison with another greedy decoder needs.

@@ -35,6 +35,13 @@ def check_search(options: DecodingOptions, max_new_tokens: int) -> None:
         raise ValueError(f"no_repeat_ngram_size {options.no_repeat_ngram_size} is out of range: use 0 (off) or more")
     if options.sampling is not None:
         _check_sampling(options.sampling, beams)
+    w = options.reverse_weight
+    if not (math.isfinite(w) and w >= 0):
+        raise ValueError(f"reverse_weight {w} is out of range: use 0 (off) or a number > 0 (0.1 is a good start)")
+    if w > 0 and (beams < 2 or options.sampling is not None):
+        raise ValueError(
+            f"reverse_weight reranks a beam's candidates: use beam_size 2 or more (got {beams}) and no sampling"
+        )
 
 
 def _check_sampling(sampling: SamplingOptions, beams: int) -> None:
