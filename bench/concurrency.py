@@ -10,8 +10,10 @@ batching) and `unbatched` with `--max-rows 1` (one request decodes at a time); w
 (`--admission-hold-steps`), and with `--engine-process` another, `process`, is the batched server with its
 engine in a child process (`--engine-process`). This process is the clients: at each concurrency level N, N
 asyncio clients each send a request (real test-split sentences, both directions, greedy, no attention) over
-`GenerateStream`, wait for its end, and send the next, for `--seconds`; the levels alternate between the
-servers so that a slow spell on a shared machine hits all. Reported per server and level: requests/s, generated
+`GenerateStream`, wait for its end, and send the next, for `--seconds`; with `--unary`, each level runs again
+against the batched servers with clients that call `Generate` (one message per request instead of one per
+token): `batched/unary`, `process/unary`. The levels alternate between the servers so that a slow spell on a
+shared machine hits all. Reported per server and level: requests/s, generated
 tokens/s, latency p50/p95/p99 and time to first token p50/p95 (both from the client's send), and the server's
 peak RSS (its engine processes' included).
 
@@ -109,8 +111,12 @@ def _children(pid: int) -> list[int]:
             for child in (task / "children").read_text().split()]
 
 
-async def closed_loop(address: str, requests: list[GenerationRequest], clients: int, seconds: float) -> dict:
-    """`clients` clients, each sending its next request when the last one ended, for `seconds`."""
+async def closed_loop(address: str, requests: list[GenerationRequest], clients: int, seconds: float,
+                      unary: bool = False) -> dict:
+    """`clients` clients, each sending its next request when the last one ended, for `seconds`.
+
+    Streamed (`GenerateStream`, one message per token) unless `unary` (`Generate`: one message per request;
+    its first token arrives with the whole answer)."""
     latencies, first_tokens, tokens = [], [], 0
     stop_at = time.perf_counter() + seconds
     async with AsyncClient(address, timeout=600) as client:
@@ -122,11 +128,15 @@ async def closed_loop(address: str, requests: list[GenerationRequest], clients: 
                 request = requests[i % len(requests)]
                 i += clients
                 sent, first = time.perf_counter(), None
-                async for event in client.stream(request):
-                    if first is None:
-                        first = time.perf_counter() - sent
-                    if isinstance(event, GenerationResult):
-                        tokens += len(event.tokens)
+                if unary:
+                    tokens += len((await client.generate(request)).tokens)
+                    first = time.perf_counter() - sent
+                else:
+                    async for event in client.stream(request):
+                        if first is None:
+                            first = time.perf_counter() - sent
+                        if isinstance(event, GenerationResult):
+                            tokens += len(event.tokens)
                 latencies.append(time.perf_counter() - sent)
                 first_tokens.append(first)
 
@@ -203,6 +213,9 @@ def main() -> None:
     parser.add_argument("--engine-process", action="store_true",
                         help="also run `process`: the batched server with --engine-process (the model's engine in "
                              "a child process)")
+    parser.add_argument("--unary", action="store_true",
+                        help="also run each level with unary clients (`Generate`) against the batched servers: "
+                             "`batched/unary` (and `process/unary`)")
     parser.add_argument("--paired-requests", type=int, default=200,
                         help="requests sent one at a time in process, unary and streamed (grpc_over_in_process)")
     parser.add_argument("--out", type=pathlib.Path)
@@ -221,7 +234,11 @@ def main() -> None:
         servers["held"] = ServerProcess(args.models, [*only, "--admission-hold-steps", str(args.hold_steps)])
     if args.engine_process:
         servers["process"] = ServerProcess(args.models, [*only, "--engine-process"])
-    levels: dict[str, dict[int, dict]] = {name: {} for name in servers}
+    # Each run: (level name, server, unary clients?).
+    runs = [(name, server, False) for name, server in servers.items()]
+    if args.unary:
+        runs += [(f"{name}/unary", servers[name], True) for name in ("batched", "process") if name in servers]
+    levels: dict[str, dict[int, dict]] = {name: {} for name, _, _ in runs}
     try:
         for server in servers.values():  # warm-up: the first requests load lazily-built state
             asyncio.run(closed_loop(server.address, requests, 4, 2.0))
@@ -229,8 +246,9 @@ def main() -> None:
                                                       args.paired_requests))
                   for name in ("batched", "process") if name in servers}
         for clients in args.clients:
-            for name, server in servers.items():
-                levels[name][clients] = asyncio.run(closed_loop(server.address, requests, clients, args.seconds))
+            for name, server, unary in runs:
+                levels[name][clients] = asyncio.run(
+                    closed_loop(server.address, requests, clients, args.seconds, unary))
                 print(name, clients, json.dumps({k: round(v, 1) for k, v in levels[name][clients].items()}),
                       flush=True)
         rss = {name: server.peak_rss_mb() for name, server in servers.items()}

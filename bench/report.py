@@ -6,8 +6,9 @@
 
 It runs, one after the other on the bundled translator and the same test-split sentences (one intra-op thread
 everywhere; each benchmark alternates what it compares internally, so a slow spell hits all sides):
-1. bench/concurrency.py: attnserve over gRPC at 1, 8, 32 and 64 clients, batching on and off, and batched with
-   the engine in a child process (--engine-process); one request at a time in process, unary and streamed;
+1. bench/concurrency.py: attnserve over gRPC at 1, 8, 32 and 64 streaming clients, batching on and off, and
+   batched with the engine in a child process (--engine-process); the batched servers again with unary clients
+   (--unary); one request at a time in process, unary and streamed;
 2. bench/ctranslate2_compare.py: CTranslate2 on the same weights (float32 and int8), attnserve float32 and its
    int8 variant (quantized into a temporary copy of the model), PyTorch eager with and without its cache,
    batch 1 and 32;
@@ -48,10 +49,16 @@ def int8_copy(models: pathlib.Path, model: str, into: pathlib.Path) -> pathlib.P
     return into
 
 
-def served_targets(prefix: str, report: dict, tokens_at_32: float, ctranslate2: float, rss: tuple[str, float]):
-    """The targets of one served configuration (`report`: concurrency.py's report, or its `process` part)."""
-    return [
-        (f"{prefix}served tokens/s at 32 clients >= CTranslate2 float32 at batch 32", tokens_at_32, ctranslate2, ">="),
+def served_targets(prefix: str, report: dict, levels: dict, server: str, ctranslate2: float,
+                   rss: tuple[str, float]):
+    """The targets of one served configuration (`report`: concurrency.py's report, or its `process` part;
+    `levels`: every server's levels, `server`: this one's name there)."""
+    rows = [(f"{prefix}served tokens/s at 32 streaming clients >= CTranslate2 float32 at batch 32",
+             levels[server]["32"]["tokens_per_s"], ctranslate2, ">=")]
+    if f"{server}/unary" in levels:  # the same, clients calling Generate: one message per request, not per token
+        rows.append((f"{prefix}served tokens/s at 32 unary clients (Generate) >= CTranslate2 float32 at batch 32",
+                     levels[f"{server}/unary"]["32"]["tokens_per_s"], ctranslate2, ">="))
+    return rows + [
         (f"{prefix}batching gain at 32 clients >= 5x", report["batching_gain"]["32"], 5.0, ">="),
         (f"{prefix}1 client, unary gRPC / in process <= 1.15", report["grpc_over_in_process"], 1.15, "<="),
         (f"{prefix}1 client, streamed gRPC / in process <= 1.15", report["grpc_stream_over_in_process"], 1.15, "<="),
@@ -65,12 +72,11 @@ def targets(results: dict) -> list[dict]:
     levels, rss = concurrency["levels"], concurrency["server_peak_rss_mb"]
     ctranslate2 = same["ctranslate2 float32 batch_32"]
     steps = {r["batch"]: r["ratio_200_to_10"] for r in results["step_positions"]}
-    rows = served_targets("", concurrency, levels["batched"]["32"]["tokens_per_s"], ctranslate2,
-                          ("peak, batched server", rss["batched"]))
+    rows = served_targets("", concurrency, levels, "batched", ctranslate2, ("peak, batched server", rss["batched"]))
     rows.append(("decoder step at position 200 / 10, batch 32 <= 1.3", steps.get(32), 1.3, "<="))
     if "process" in concurrency:  # the same server with its engine in a child process (--engine-process)
-        rows += served_targets("--engine-process: ", concurrency["process"], levels["process"]["32"]["tokens_per_s"],
-                               ctranslate2, ("peaks of server + engine process", rss["process"]))
+        rows += served_targets("--engine-process: ", concurrency["process"], levels, "process", ctranslate2,
+                               ("peaks of server + engine process", rss["process"]))
     if "attnserve int8 batch_32" in same:
         rows.append(("moonshot: attnserve int8 >= CTranslate2 int8, in process at batch 32",
                      same["attnserve int8 batch_32"], same["ctranslate2 int8 batch_32"], ">="))
@@ -161,7 +167,7 @@ def main() -> None:
     common = ["--models", str(args.models), "--model", args.model]
     sentences = ["--sentences", str(args.sentences)]
     run("concurrency.py", *common, *sentences, "--clients", "1", "8", "32", "64", "--seconds", str(args.seconds),
-        "--paired-requests", str(min(200, args.sentences)), "--engine-process",
+        "--paired-requests", str(min(200, args.sentences)), "--engine-process", "--unary",
         "--out", str(args.out / "concurrency.json"))
     with tempfile.TemporaryDirectory() as tmp:
         int8 = int8_copy(args.models, args.model, pathlib.Path(tmp))
