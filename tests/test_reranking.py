@@ -85,13 +85,15 @@ def test_forcing_each_beam_candidate_gives_back_its_beam_score(engine):
 CASES = [(TEXT, TO, 0.1, False), ("知識就是力量。", "en", 0.1, True), ("Writing programs in Python is fun", TO, 1.0, True)]
 
 
+@pytest.mark.parametrize("attention", [True, False])
 @pytest.mark.parametrize("text, to, weight, changes", CASES)
-def test_reranked_order_is_the_score_plus_the_weighted_back_translation(engine, text, to, weight, changes):
+def test_reranked_order_is_the_score_plus_the_weighted_back_translation(engine, text, to, weight, changes,
+                                                                        attention):
     options = dict(beam_size=4, max_new_tokens=12)
     beam = engine.generate(GenerationRequest(TINY_MODEL_NAME, text, to, DecodingOptions(
         num_return_sequences=4, **options), AttentionOptions(enabled=True)), WAIT)
     reranked = engine.generate(GenerationRequest(TINY_MODEL_NAME, text, to, DecodingOptions(
-        num_return_sequences=4, reverse_weight=weight, **options), AttentionOptions(enabled=True)), WAIT)
+        num_return_sequences=4, reverse_weight=weight, **options), AttentionOptions(enabled=attention)), WAIT)
     src, eos = source_ids(engine, text), engine.manifest.special_tokens.eos
     back = "en" if to == "zh-TW" else "zh-TW"
     # Each candidate translated back, forced to give the source (whose ids end with EOS).
@@ -107,6 +109,9 @@ def test_reranked_order_is_the_score_plus_the_weighted_back_translation(engine, 
     assert reranked.text == winner.text and [t.id for t in reranked.tokens] == [t.id for t in winner.tokens]
     assert reranked.finish_reason == winner.finish_reason
     np.testing.assert_allclose([t.logprob for t in reranked.tokens], [t.logprob for t in winner.tokens], atol=1e-5)
+    if not attention:
+        assert reranked.attention is None
+        return
     # Its attention is its own, whichever candidate won: the beam's when it won there, else that of the
     # winner decoded alone.
     own = beam if not changes else forced(engine, src, to, [t.id for t in winner.tokens], attention=True)
