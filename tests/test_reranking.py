@@ -8,17 +8,23 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+import grpc
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from attnserve.export import bpe
-from attnserve.server import convert
+from attnserve.server import app, convert
+from attnserve.server.batcher import BatchingOptions
 from attnserve.server.engine import load_engine
+from attnserve.server.engine_process import load_process_engines
 from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest, GenerationResult
 from attnserve.server.preprocessing import TextSource
 from attnserve.server.repository import find_models
+from attnserve.server.runtime import RuntimeOptions
+from attnserve.v1 import attnserve_pb2 as pb
+from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_MODEL_NAME
 from fakes import WAIT
 
@@ -156,3 +162,27 @@ def test_cancelling_a_reranked_request_ends_it_and_the_engine_goes_on(engine):
 def test_the_weight_crosses_the_wire():
     request = GenerationRequest("m", "x", "en", DecodingOptions(beam_size=4, reverse_weight=0.25))
     assert convert.request_from_proto(convert.request_to_proto(request)).decoding.reverse_weight == 0.25
+
+
+@pytest.mark.parametrize("engine_process", [False, True], ids=["one process", "engine process"])
+def test_served_reranking_equals_offline_and_is_never_streamed(tiny_model_repo, engine, engine_process):
+    text, to, weight, _ = CASES[1]
+    options = dict(beam_size=4, num_return_sequences=4, max_new_tokens=12, reverse_weight=weight)
+    offline = engine.generate(GenerationRequest(TINY_MODEL_NAME, text, to, DecodingOptions(**options)), WAIT)
+    # The server closes its engines when it stops: it gets its own.
+    if engine_process:
+        engines = load_process_engines(tiny_model_repo, RuntimeOptions(), BatchingOptions())
+    else:
+        engines = {TINY_MODEL_NAME: load_engine(find_models(tiny_model_repo)[TINY_MODEL_NAME])}
+    with app.BackgroundServer(engines) as background, grpc.insecure_channel(background.address) as channel:
+        stub = pb_grpc.AttnServeStub(channel)
+        message = pb.GenerateRequest(model=TINY_MODEL_NAME, text=pb.TextInput(text=text), target_language=to,
+                                     decoding=pb.DecodingOptions(**options))
+        served = stub.Generate(message, timeout=WAIT)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.GenerateStream(message, timeout=WAIT))
+    assert served.text == offline.text
+    assert [s.text for s in served.nbest] == [s.text for s in offline.nbest]
+    assert [s.score for s in served.nbest] == pytest.approx([s.score for s in offline.nbest], abs=1e-5)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "cannot be streamed" in refused.value.details()
