@@ -38,6 +38,7 @@ from attnserve.server.preprocessing import TextSource
 if TYPE_CHECKING:
     from attnserve.server.engine import ModelEngine
 
+
 @dataclasses.dataclass
 class _Rerank:
     """One reranked request in flight."""
@@ -52,8 +53,8 @@ class Reranker:
     """Runs reranked requests for one engine.
 
     Args:
-        engine: its `submit_prepared(..., admitted=True)` queues the rounds; its tokenizer and manifest
-            give the pieces and the start tokens.
+        engine: its `submit_prepared` queues the rounds (the follow-ups `admitted`), its `cancel` stops
+            them, its manifest gives the start tokens and EOS.
     """
 
     def __init__(self, engine: ModelEngine):
@@ -123,7 +124,7 @@ class Reranker:
         """Round 2: each candidate translated back, forced to produce the original source."""
         prepared, eos = job.prepared, self._engine.manifest.special_tokens.eos
         source_ids = tuple(prepared.source.ids)  # EOS included
-        candidates = beam.nbest or []
+        candidates = beam.nbest  # every beam's candidate: prepare() asked for beam_size sequences
         start = self._engine.manifest.decoder_start[prepared.reverse_language]
         backward = [
             dataclasses.replace(
