@@ -129,7 +129,8 @@ async def closed_loop(address: str, requests: list[GenerationRequest], clients: 
                 i += clients
                 sent, first = time.perf_counter(), None
                 if unary:
-                    tokens += len((await client.generate(request)).tokens)
+                    result = await client.generate(request)  # awaited apart: `tokens +=` must not span an await
+                    tokens += len(result.tokens)
                     first = time.perf_counter() - sent
                 else:
                     async for event in client.stream(request):
