@@ -68,14 +68,16 @@ def open_engine(repository: pathlib.Path, name: str, variant: str | None = None)
     return load_engine(find_models(repository)[name], RuntimeOptions(variant=variant), BatchingOptions())
 
 
-def translate_with(engine, texts: list[str], target: str, max_new: int = 128, beam_size: int = 1) -> list[str]:
-    """Translations by an open engine, in input order."""
+def translate_with(engine, texts: list[str], target: str, max_new: int = 128, beam_size: int = 1,
+                   reverse_weight: float = 0.0) -> list[str]:
+    """Translations by an open engine, in input order (`reverse_weight`: DecodingOptions.reverse_weight)."""
     from attnserve.server.generation import DecodingOptions, GenerationRequest
 
     name, results = engine.manifest.name, []
+    options = DecodingOptions(max_new, beam_size, reverse_weight=reverse_weight)
     for begin in range(0, len(texts), 128):  # stay under the batcher's queue bound
         futures = [
-            engine.submit(GenerationRequest(name, text, target, DecodingOptions(max_new, beam_size)))
+            engine.submit(GenerationRequest(name, text, target, options))
             for text in texts[begin : begin + 128]
         ]
         results += [f.result().text for f in futures]
