@@ -52,8 +52,8 @@ def main() -> None:
                     entry = {"direction": direction, "domain": domain, "beam_size": beams, "reverse_weight": weight,
                              **score(outputs, references, target), "seconds": round(time.perf_counter() - started, 1)}
                     report["scores"].append(entry)
-                    print(f"| {direction} | {domain} | {beams} | {weight:g} | {entry['chrf']:.2f} | {entry['bleu']:.2f} "
-                          f"| {entry['seconds']:.0f} s |", flush=True)
+                    print(f"| {direction} | {domain} | {beams} | {weight:g} | {entry['chrf']:.2f} "
+                          f"| {entry['bleu']:.2f} | {entry['seconds']:.0f} s |", flush=True)
     finally:
         engine.close()
     if args.out:

@@ -88,7 +88,11 @@ def test_forcing_each_beam_candidate_gives_back_its_beam_score(engine):
 
 
 # (text, target, weight, whether the winner differs from the beam's best on the tiny model)
-CASES = [(TEXT, TO, 0.1, False), ("知識就是力量。", "en", 0.1, True), ("Writing programs in Python is fun", TO, 1.0, True)]
+CASES = [
+    (TEXT, TO, 0.1, False),
+    ("知識就是力量。", "en", 0.1, True),
+    ("Writing programs in Python is fun", TO, 1.0, True),
+]
 
 
 @pytest.mark.parametrize("attention", [True, False])
