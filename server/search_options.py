@@ -38,7 +38,7 @@ def check_search(options: DecodingOptions, max_new_tokens: int) -> None:
     w = options.reverse_weight
     if not (math.isfinite(w) and w >= 0):
         raise ValueError(f"reverse_weight {w} is out of range: use 0 (off) or a number > 0 (0.1 is a good start)")
-    if w > 0 and (beams < 2 or options.sampling is not None):
+    if w > 0 and beams < 2:  # sampling, refused above unless beam_size is 1, is caught here too
         raise ValueError(
             f"reverse_weight reranks a beam's candidates: use beam_size 2 or more (got {beams}) and no sampling"
         )
