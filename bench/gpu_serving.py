@@ -1,15 +1,17 @@
-"""The served translator on the CUDA provider against the CPU provider: the same tokens, and tokens/s at
-batch 1, 32 and 128.
+"""The served translator on the CUDA provider against the CPU provider, with and without IO binding: the
+same tokens, and tokens/s at batch 1, 32 and 128.
 
-    python bench/gpu_serving.py --models models --devices cpu cuda --out gpu_serving.json   # on the GPU machine
-    .venv/bin/python bench/gpu_serving.py --devices cpu cpu --sentences 16 --batches 1 8    # a rehearsal here
+    python bench/gpu_serving.py --models models --devices cpu cuda cuda-host --out gpu_serving.json  # GPU machine
+    .venv/bin/python bench/gpu_serving.py --devices cpu cpu-bound --sentences 16 --batches 1 8      # rehearsal here
 
-Both devices serve the same model version through `load_engine`, as `attnserve serve --device` does (one
-intra-op thread on the CPU). Parity: `--sentences` test-split sentences in each direction, greedy, each
-device's output text compared. Throughput: the same sentences sent in groups of `batch` requests submitted
-together (continuous batching encodes and decodes each group as one batch), generated tokens over wall
-time, after one warm-up group. The decoder's inputs are host arrays on every step (no IO binding yet), so
-on a GPU this measures the copies too. Run on the device machine by bench/gpu_serving.sh.
+Every device serves the same model version through `load_engine`, as `attnserve serve --device` does (one
+intra-op thread on the CPU). A device is `cpu` or `cuda`, with IO binding as `--io-binding auto` has it (on
+for cuda: encoder K/V and K/V cache stay on the GPU between steps, server/device_state.py), or suffixed
+`-bound` (on) or `-host` (off: every input copied in at every step). Parity: `--sentences` test-split
+sentences in each direction, greedy, each device's output text compared with the first device's.
+Throughput: the same sentences sent in groups of `batch` requests submitted together (continuous batching
+encodes and decodes each group as one batch), generated tokens over wall time, after one warm-up group.
+Run on the device machine by bench/gpu_serving.sh.
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ def read_requests(split: pathlib.Path, model: str, count: int) -> list[Generatio
     return requests
 
 
+def runtime_options(device: str) -> RuntimeOptions:
+    """`cpu`, `cuda`, either suffixed `-bound` (IO binding on) or `-host` (off)."""
+    name, _, binding = device.partition("-")
+    if binding not in ("", "bound", "host"):
+        raise SystemExit(f"unknown device {device!r}: use cpu or cuda, optionally suffixed -bound or -host")
+    return RuntimeOptions(device=name, io_binding={"": None, "bound": True, "host": False}[binding])
+
+
 def run_all(engine, requests: list[GenerationRequest], batch: int) -> tuple[list[str], int, float]:
     """Texts, generated tokens and seconds for `requests` sent `batch` at a time."""
     texts, tokens, started = [], 0, time.perf_counter()
@@ -55,7 +65,8 @@ def main() -> None:
     parser.add_argument("--split", type=pathlib.Path, default=pathlib.Path("data/corpus/test.tsv"))
     parser.add_argument("--sentences", type=int, default=256, help="sentences per direction")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
-    parser.add_argument("--devices", nargs=2, default=["cpu", "cuda"], metavar=("REFERENCE", "OTHER"))
+    parser.add_argument("--devices", nargs="+", default=["cpu", "cuda", "cuda-host"],
+                        help="the first is the reference of the parity check")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
     version = find_models(args.models, only=[args.model])[args.model]
@@ -66,20 +77,21 @@ def main() -> None:
     report = {"model": f"{args.model} {version.version}", "requests": len(requests), "devices": {}}
     outputs = {}
     for index, device in enumerate(args.devices):
-        engine = load_engine(version, RuntimeOptions(device=device), batching)
+        engine = load_engine(version, runtime_options(device), batching)
         try:
             run_all(engine, requests[:widest], widest)  # warm-up: sessions, allocator, lazy state
-            entry = {"providers": engine.runtime.providers, "tokens_per_s": {}}
+            entry = {"providers": engine.runtime.providers, "io_binding": engine.runtime.device_state is not None,
+                     "tokens_per_s": {}}
             for batch in args.batches:
                 texts, tokens, seconds = run_all(engine, requests, batch)
                 entry["tokens_per_s"][batch] = round(tokens / seconds, 1)
                 outputs.setdefault(index, texts)
                 print(f"{device} batch {batch}: {tokens / seconds:.0f} tokens/s", flush=True)
+            same = sum(a == b for a, b in zip(outputs[0], outputs[index]))
+            entry["identical_to_first"] = f"{same} / {len(requests)}"
             report["devices"][f"{index}:{device}"] = entry
         finally:
             engine.close()
-    same = sum(a == b for a, b in zip(outputs[0], outputs[1]))
-    report["identical_outputs"] = f"{same} / {len(requests)}"
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

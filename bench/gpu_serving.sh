@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The served translator on a borrowed GPU machine (bench/gpu_serving.py: CUDA vs CPU tokens, tokens/s at batch
-# 1, 32 and 128), in remote calls that each carry at most ~60 MB. onnxruntime-gpu's wheel alone is 255 MB
-# and the machine has no internet, so everything it needs travels as parts of one archive, one part a call.
+# The served translator on a borrowed GPU machine (bench/gpu_serving.py: CUDA with and without IO binding vs
+# CPU tokens, tokens/s at batch 1, 32 and 128), in remote calls that each carry at most ~60 MB.
+# onnxruntime-gpu's wheel alone is 255 MB and the machine has no internet, so everything it needs travels as
+# parts of one archive, one part a call.
 #
 #   bench/gpu_serving.sh pack [PART_MB]   # here: .gpu/serve/part.NN from the ORT GPU wheel (Python 3.12),
 #                                         # this package's wheel, the newest translator and the test split
@@ -12,7 +13,7 @@
 #
 # Calls must follow each other within the machine's idle time (30 s), or it is given back with the parts.
 # Rehearse here with STAGE=/tmp/gpu-serve-r SITE_PYTHON=.venv/bin/python bash bench/gpu_serving.sh check /tmp/o
-# after `receive` of each part: it installs nothing that the venv has and runs CPU against CPU.
+# after `receive` of each part: it installs nothing that the venv has and runs CPU against CPU with IO binding.
 set -euo pipefail
 
 STAGE=${STAGE:-/tmp/gpu-serve}
@@ -57,9 +58,9 @@ check)
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$STAGE/site" "$STAGE"/payload/*.whl
         export PYTHONPATH=$STAGE/site
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-        devices="cpu cuda"
+        devices="cpu cuda cuda-host"
     else
-        devices="cpu cpu"  # rehearsal on a machine without a GPU
+        devices="cpu cpu-bound"  # rehearsal on a machine without a GPU
     fi
     PYTHONUNBUFFERED=1 $python bench/gpu_serving.py --models "$STAGE/payload/models" --split "$STAGE/payload/test.tsv" \
         --devices $devices --out "$out/gpu_serving.json" ${GPU_SERVING_ARGS:-}

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from attnserve.server import errors, lifecycle, limits, logging_setup, memory, metrics, readiness, security, service
+from attnserve.server.serve_options import IO_BINDING
 from attnserve.server.serve_options import ServeOptions  # noqa: F401  (re-exported: app.ServeOptions)
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
@@ -285,7 +286,8 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
     from attnserve.server.runtime_options import RuntimeOptions
     from attnserve.server.scheduler import SchedulingOptions
 
-    runtime = RuntimeOptions(device=options.device, intra_op_threads=options.threads, variant=options.variant)
+    runtime = RuntimeOptions(device=options.device, intra_op_threads=options.threads, variant=options.variant,
+                             io_binding=IO_BINDING[options.io_binding])
     batching = BatchingOptions(
         max_batch_size=options.max_batch_size,
         window_seconds=options.batch_window_ms / 1000,

@@ -222,7 +222,7 @@ class Batch:
             self._ctc.advance(input_ids, np.flatnonzero(self.positions > 0))
         if self._lm is not None:  # the LM's context includes the start token
             self._lm.advance(input_ids)
-        out = self._runtime.decode_step(feeds)
+        out = self._runtime.decode_step(feeds, slots.residency())
         slots.update(out)
         self.positions = self.positions + 1
         logits, attention = out[d.logits], out[self._manifest.attention.output]  # (S, V), (S, L, H, width)

@@ -42,6 +42,9 @@ class AppendCache:
         self._spare_slots = spare_slots
         self.length = length
         self.capacity = mask.shape[1] - 1
+        # Counts changes other than appends (rows copied or placed, buffers grown): device copies of the
+        # buffers (server/device_state.py) follow appends alone.
+        self.revision = 0
 
     @classmethod
     def start(cls, specs: Sequence[StateSpec], tensors: Mapping[str, np.ndarray], spare_slots: bool) -> AppendCache:
@@ -84,6 +87,7 @@ class AppendCache:
             view = np.moveaxis(self._buffers[spec.input], spec.batch_axis, 0)
             view[targets] = view[sources]
         self._mask[targets] = self._mask[sources]
+        self.revision += 1
 
     def fits(self, other: AppendCache, rows: np.ndarray) -> bool:
         """Whether `place` can take these rows of `other`: they attend no more slots than this cache has, and
@@ -104,6 +108,7 @@ class AppendCache:
                 axis_slice(into, axis, self.length - kept, self.length)[...] = axis_slice(source, axis, cut, other.length)
         self._mask[targets, : self.capacity] = 0
         self._mask[targets, self.length - kept : self.length] = mask
+        self.revision += 1
 
     def append(self, outputs: Mapping[str, np.ndarray]) -> None:
         """Writes a step's new slot (each spec's output, one position along its time axis) in place. The
@@ -155,6 +160,7 @@ class AppendCache:
             )
         grown._mask[:, :length] = self.mask[:, cut:]
         self._buffers, self._mask, self.capacity, self.length = grown._buffers, grown._mask, grown.capacity, length
+        self.revision += 1
 
     @classmethod
     def _allocate(cls, specs, like: Mapping[str, np.ndarray], rows: int, length: int, spare_slots: bool,

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 import numpy as np
 import onnxruntime as ort
 
+from attnserve.server.device_state import DeviceState
+from attnserve.server.residency import Residency
 from attnserve.server.runtime_options import PROVIDERS, RuntimeOptions  # noqa: F401  (re-exported)
 from attnserve.server.shared_weights import shared_initializers
 
@@ -107,6 +109,10 @@ class Runtime:
         self.decoder_signature = _signature(paths[1], self._decoder)
         self._encoder_outputs = list(self.encoder_signature.outputs)
         self._decoder_outputs = list(self.decoder_signature.outputs)
+        # Device copies of the decoder inputs that a batch keeps between steps, with IO binding.
+        self.device_state: DeviceState | None = None
+        if options.binds_io:
+            self.device_state = DeviceState(self._decoder, self._decoder_outputs, options.device, options.device_id)
 
     @property
     def providers(self) -> list[str]:
@@ -117,6 +123,17 @@ class Runtime:
         """Runs the encoder once; returns every graph output by name."""
         return dict(zip(self._encoder_outputs, self._encoder.run(self._encoder_outputs, dict(feeds))))
 
-    def decode_step(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Runs one decoder step; returns every graph output by name."""
-        return dict(zip(self._decoder_outputs, self._decoder.run(self._decoder_outputs, dict(feeds))))
+    def decode_step(self, feeds: Mapping[str, np.ndarray], residency: Residency | None = None) -> dict[str, np.ndarray]:
+        """Runs one decoder step; returns every graph output by name.
+
+        Args:
+            residency: which feeds the batch keeps unchanged between steps; with IO binding their device
+                copies are reused (without it, or without IO binding, every feed is copied in).
+        """
+        if self.device_state is None or residency is None:
+            return dict(zip(self._decoder_outputs, self._decoder.run(self._decoder_outputs, dict(feeds))))
+        try:
+            return self.device_state.run(feeds, residency)
+        except Exception:
+            self.device_state.forget()  # a step that failed half way may have updated some copies
+            raise

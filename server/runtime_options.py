@@ -31,12 +31,20 @@ class RuntimeOptions:
     # Load a weight the encoder and decoder graphs both carry (tied embeddings) once for both sessions, on
     # the CPU (server/shared_weights.py): 17 MB less for translate-zh-en.
     share_weights: bool = True
+    # Keep the decoder's static inputs and K/V cache on the device between steps (server/device_state.py).
+    # None: on for CUDA, off for the CPU (where it only adds a copy; tests turn it on to compare).
+    io_binding: bool | None = None
 
     def __post_init__(self):
         if self.device not in DEVICES:
             raise ValueError(f"RuntimeOptions.device must be one of {list(DEVICES)}, got {self.device!r}")
         if self.intra_op_threads < 0 or self.inter_op_threads < 0:
             raise ValueError("RuntimeOptions thread counts must be >= 0 (0 = ONNX Runtime's default)")
+
+    @property
+    def binds_io(self) -> bool:
+        """Whether the decoder runs with IO binding (`io_binding`, or its default for the device)."""
+        return self.device == "cuda" if self.io_binding is None else self.io_binding
 
     def providers(self) -> list[str | tuple[str, dict]]:
         """The execution providers to ask for, best first.

@@ -16,6 +16,8 @@ LOOPBACK = "127.0.0.1"
 # (server/continuous.py); "window" waits --batch-window-ms for a batch to fill, and a batch admits no one
 # once it runs (server/batcher.py).
 BATCHING_MODES = ("continuous", "window")
+# --io-binding -> RuntimeOptions.io_binding.
+IO_BINDING = {"auto": None, "on": True, "off": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +28,8 @@ class ServeOptions:
     host: str = "[::]"  # interface to listen on; "[::]" = all
     port: int = convert.DEFAULT_PORT
     device: str = "cpu"  # "cpu" or "cuda"
+    # Keep decoder inputs (encoder K/V, the K/V cache) on the device between steps: "auto" = on for cuda.
+    io_binding: str = "auto"
     threads: int = 1  # ONNX Runtime intra-op threads per model
     batching: str = "continuous"  # one of BATCHING_MODES
     # Most requests that start together in one encoder call: admitted at one step, or one windowed batch.
@@ -96,6 +100,8 @@ def _problems(o: ServeOptions):
         yield f"--batching {o.batching!r} is not one of {', '.join(BATCHING_MODES)}"
     if o.device not in ("cpu", "cuda"):
         yield f"--device {o.device!r} is not cpu or cuda"
+    if o.io_binding not in IO_BINDING:
+        yield f"--io-binding {o.io_binding!r} is not one of {', '.join(IO_BINDING)}"
     if o.log_level not in logging_setup.LEVELS:
         yield f"--log-level {o.log_level!r} is not one of {', '.join(logging_setup.LEVELS)}"
     if o.log_format not in logging_setup.FORMATS:
@@ -113,6 +119,11 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--host": ("host", dict(help="interface to listen on (default: %(default)s = all)")),
     "--port": ("port", dict(type=int, help="gRPC port (default: %(default)s)")),
     "--device": ("device", dict(choices=["cpu", "cuda"], help="(default: %(default)s)")),
+    "--io-binding": (
+        "io_binding",
+        dict(choices=IO_BINDING, help="keep the decoder's encoder K/V and K/V cache on the device between steps "
+             "instead of copying them in at every step; auto = on for cuda, off for cpu (default: %(default)s)"),
+    ),
     "--threads": ("threads", dict(type=int, help="ONNX Runtime threads per model (default: %(default)s)")),
     "--batching": (
         "batching",

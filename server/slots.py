@@ -22,6 +22,7 @@ import numpy as np
 
 from attnserve.server.kv_cache import AppendCache
 from attnserve.server.manifest import Manifest
+from attnserve.server.residency import Residency
 from attnserve.server.rows import axis_slice, copy_rows, row_view
 
 # Tensors gathered to make room get this share of their rows again as spare slots (at least SPARE_SLOTS).
@@ -47,6 +48,10 @@ class Slots:
         self.state = state
         self.cache = cache
         self.size = size
+        # Device copies of these tensors (server/device_state.py) are kept under `_owner`, valid while the
+        # revision stays as it was (changes to the cache alone count in the cache's own).
+        self._owner = object()
+        self._revision = 0
 
     @property
     def capacity(self) -> int:
@@ -100,6 +105,22 @@ class Slots:
                 feeds[spec.input] = axis_slice(buffers[spec.input], spec.batch_axis, 0, self.size)
         return feeds, mask[: self.size]
 
+    def residency(self) -> Residency:
+        """What the decoder feeds of the next step (call `feeds` first: it may grow the cache) keep from the
+        last: static tensors unchanged until a revision, appended state followed slot by slot."""
+        appended = {}
+        if self.cache is not None:
+            appended = {s.input: (s.output, s.time_axis) for s in self._manifest.state
+                        if s.update == "append" and s.dtype == "float32"}
+        return Residency(
+            owner=self._owner,
+            revision=self._revision,
+            cache_revision=self.cache.revision if self.cache is not None else 0,
+            cache_length=self.cache.length if self.cache is not None else 0,
+            static=frozenset(s.target for s in self._manifest.static),
+            appended=appended,
+        )
+
     def update(self, outputs: dict[str, np.ndarray]) -> None:
         """Keeps a step's new state: replaced state written over the slots in use, the cache's new slot."""
         for spec in self._manifest.state:
@@ -120,6 +141,7 @@ class Slots:
             source = axis_slice(axis_slice(x, spec.batch_axis, 0, self.size), spec.source_axis, 0, width)
             axis_slice(narrowed, spec.batch_axis, 0, self.size)[...] = source
             (self.static if name in self.static else self.state)[name] = narrowed
+        self._revision += 1
 
     def take(self, count: int, used: np.ndarray) -> np.ndarray | None:
         """`count` free slots (those below `size` that no row in `used` holds first, then new ones past it,
@@ -129,6 +151,7 @@ class Slots:
         if self.size + extra > self.capacity:
             return None
         self.size += extra
+        self._revision += int(extra > 0)
         return np.concatenate([holes, np.arange(self.size - extra, self.size)])
 
     def compact(self, used: np.ndarray) -> np.ndarray:
@@ -141,6 +164,7 @@ class Slots:
             self.copy(used[moving], holes)
             used = used.copy()
             used[moving] = holes
+        self._revision += int(self.size != count)
         self.size = count
         return used
 
@@ -152,6 +176,7 @@ class Slots:
             view[targets] = view[sources]
         if self.cache is not None:
             self.cache.copy(sources, targets)
+        self._revision += 1
 
     def fits(self, other: Slots, rows: np.ndarray, width: int) -> bool:
         """Whether `rows` of `other` (needing `width` source positions) fit this batch's tensors."""
@@ -173,6 +198,7 @@ class Slots:
                 axis_slice(into, axis, width, None)[...] = 0
         if self.cache is not None:
             self.cache.place(targets, other.cache, rows)
+        self._revision += 1
 
     def _tensors(self):
         """(decoder input name, spec, tensor) of every static and replaced-state tensor, in manifest order."""

@@ -169,13 +169,13 @@ class RecordingRuntime:
     def encode(self, feeds):
         return self.runtime.encode(feeds)
 
-    def decode_step(self, feeds):
+    def decode_step(self, feeds, residency=None):
         gate = self.hold.get(len(self.steps))
         if gate is not None:
             self.holding.set()
             assert gate.wait(WAIT), f"decoder call {len(self.steps)} was held and never released"
         self.steps.append(feeds[self.source_mask].sum(axis=1).tolist())
-        return self.runtime.decode_step(feeds)
+        return self.runtime.decode_step(feeds, residency)
 
     def calls_with(self, source_length: int) -> int:
         """How many decoder calls ran a row with this source length."""

@@ -70,9 +70,10 @@ def image(i: int, beam: int = 1, new: int = 8, at_least: int = 0, seed=None) -> 
                              decoding=decoding(new, beam, min(at_least, new), seed))
 
 
-def engines(repo, name, options=CONTINUOUS):
+def engines(repo, name, options=CONTINUOUS, runtime=RuntimeOptions()):
+    """(engine batching with `options` on `runtime`, plain engine running one request at a time)."""
     model = find_models(repo)[name]
-    return load_engine(model, RuntimeOptions(), options), load_engine(model, RuntimeOptions(), ALONE)
+    return load_engine(model, runtime, options), load_engine(model, RuntimeOptions(), ALONE)
 
 
 def assert_same(result, alone):
@@ -118,20 +119,32 @@ def image_repo(tmp_path_factory):
     return export_repo(captioner(), tmp_path_factory.mktemp("continuous_image")), NAME
 
 
-@pytest.fixture(params=["transformer", "recurrent", "speech", "image"])
+ARCHITECTURES = ["transformer", "recurrent", "speech", "image"]
+
+
+def architecture(kind, repos, runtime=RuntimeOptions()):
+    """(continuous engine on `runtime`, plain one-at-a-time engine, request maker) of one architecture.
+
+    Args:
+        repos: the tiny_model_repo, tiny_speech_repo, recurrent_repo and image_repo fixtures.
+    """
+    tiny_model_repo, tiny_speech_repo, recurrent_repo, image_repo = repos
+    if kind == "speech":
+        return (*engines(tiny_speech_repo, TINY_SPEECH_NAME, runtime=runtime), speech)
+    if kind == "image":
+        return (*engines(*image_repo, runtime=runtime), image)
+    repo, name = (tiny_model_repo, TINY_MODEL_NAME) if kind == "transformer" else recurrent_repo
+    return (*engines(repo, name, runtime=runtime), lambda i, **kw: text(name, i, **kw))
+
+
+@pytest.fixture(params=ARCHITECTURES)
 def model(request, tiny_model_repo, tiny_speech_repo, recurrent_repo, image_repo):
     """(continuous engine, windowed one-at-a-time engine, request maker) of each architecture."""
-    if request.param == "speech":
-        pair, make = engines(tiny_speech_repo, TINY_SPEECH_NAME), speech
-    elif request.param == "image":
-        pair, make = engines(*image_repo), image
-    else:
-        repo, name = (tiny_model_repo, TINY_MODEL_NAME) if request.param == "transformer" else recurrent_repo
-        pair = engines(repo, name)
-        make = lambda i, **kw: text(name, i, **kw)  # noqa: E731
-    yield (*pair, make)
-    for engine in pair:
-        engine.close()
+    continuous, alone, make = architecture(request.param, (tiny_model_repo, tiny_speech_repo, recurrent_repo,
+                                                           image_repo))
+    yield continuous, alone, make
+    continuous.close()
+    alone.close()
 
 
 # Search -> (beam size, sampling seeds) of the first two late requests; the third is always greedy.
@@ -471,19 +484,25 @@ def test_a_failed_step_retries_its_requests_alone(tiny_model_repo, monkeypatch):
     continuous, alone = engines(tiny_model_repo, TINY_MODEL_NAME)
     step, failed = continuous.runtime.decode_step, []
 
-    def flaky(feeds):
+    def flaky(feeds, residency=None):
         if not failed and len(next(iter(feeds.values()))) > 1:  # once, on the first shared step
             failed.append(True)
             raise RuntimeError("injected")
-        return step(feeds)
+        return step(feeds, residency)
 
     monkeypatch.setattr(continuous.runtime, "decode_step", flaky)
+    assert_shared_requests_equal_alone(continuous, alone)
+    assert failed
+
+
+def assert_shared_requests_equal_alone(engine, alone):
+    """A greedy request, and a beam-2 one that joins it at its second token, each give what they give alone
+    (say after a fault injected into their shared steps); closes both engines."""
     trigger, late = text(TINY_MODEL_NAME, 0, new=10, at_least=10), [text(TINY_MODEL_NAME, 1, beam=2)]
     try:
-        first, futures = submit_after(continuous, trigger, late, tokens=2)
+        first, futures = submit_after(engine, trigger, late, tokens=2)
         for request, future in zip([trigger, *late], [first, *futures]):
             assert_same(future.result(WAIT), alone.generate(request, WAIT))
     finally:
-        continuous.close()
+        engine.close()
         alone.close()
-    assert failed

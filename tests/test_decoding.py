@@ -239,8 +239,8 @@ class EosBias:
     def encode(self, feeds):
         return self.runtime.encode(feeds)
 
-    def decode_step(self, feeds):
-        out = self.runtime.decode_step(feeds)
+    def decode_step(self, feeds, residency=None):
+        out = self.runtime.decode_step(feeds, residency)
         out["logits"] = out["logits"].copy()
         out["logits"][:, self.eos] += self.slope * feeds["position_ids"][:, 0]
         return out
@@ -307,7 +307,7 @@ class RecurrentRuntime:
         memory = self.embed[feeds["src"]] * mask  # (B, S, D)
         return {"memory": memory, "summary": (memory.sum(1) / mask.sum(1)).T.copy()}
 
-    def decode_step(self, feeds):
+    def decode_step(self, feeds, residency=None):
         h = np.tanh(self.a @ feeds["h"] + self.embed[feeds["token"][:, 0]].T)  # (D, B)
         scores = np.einsum("bsd,db->bs", feeds["memory"], h)
         scores = np.where(feeds["mem_mask"] == 1, scores, -np.inf)

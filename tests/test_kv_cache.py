@@ -28,10 +28,10 @@ class RecordingRuntime:
     def encode(self, feeds):
         return self._runtime.encode(feeds)
 
-    def decode_step(self, feeds):
+    def decode_step(self, feeds, residency=None):
         self.feeds.append(dict(feeds))
         self.values.append({k: v.copy() for k, v in feeds.items()})
-        return self._runtime.decode_step(feeds)
+        return self._runtime.decode_step(feeds, residency)
 
 
 @pytest.fixture(scope="module")

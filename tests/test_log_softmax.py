@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnserve.export import log_softmax_graph
+from attnserve.export import server_graphs
 from attnserve.server.log_softmax import GRAPH, log_softmax
 
 
@@ -15,7 +15,7 @@ def reference(scores: np.ndarray) -> np.ndarray:
 
 
 def test_the_committed_graph_is_what_its_generator_writes():
-    assert GRAPH.read_bytes() == log_softmax_graph.build().SerializeToString()
+    assert GRAPH.read_bytes() == server_graphs.log_softmax().SerializeToString()
 
 
 def test_log_probabilities_match_a_float64_reference_in_any_shape():

@@ -301,9 +301,9 @@ class RecordingRuntime:
     def encode(self, feeds):
         return self.runtime.encode(feeds)
 
-    def decode_step(self, feeds):
+    def decode_step(self, feeds, residency=None):
         feeds = self.tamper(dict(feeds), len(self.calls)) if self.tamper else feeds
-        out = self.runtime.decode_step(feeds)
+        out = self.runtime.decode_step(feeds, residency)
         self.calls.append(({k: feeds[k].copy() for k in STATE}, out))
         return out
 

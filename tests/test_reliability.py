@@ -190,11 +190,11 @@ class _FaultyRuntime:
     def encode(self, feeds):
         return self.recording.encode(feeds)
 
-    def decode_step(self, feeds):
+    def decode_step(self, feeds, residency=None):
         if self.poison_length in feeds[self.recording.source_mask].sum(axis=1):
             self.faults += 1
             raise ValueError("operands could not be broadcast together with shapes (3,4) (5,)")
-        return self.recording.decode_step(feeds)
+        return self.recording.decode_step(feeds, residency)
 
 
 def test_injected_runtime_error_fails_only_its_request_as_internal(tiny_model_repo, caplog):

@@ -1,0 +1,66 @@
+"""Writes the one-node graphs the server runs beside the models' own, committed next to its code.
+
+    python -m attnserve.export.server_graphs            # rewrites them; tests check they are current
+
+- server/log_softmax.onnx: LogSoftmax over the last axis of a (rows, vocabulary) float32 tensor. The decode
+  loop turns each step's scores into log-probabilities with it (server/log_softmax.py): ONNX Runtime's kernel
+  is vectorised where numpy's float32 `exp` is not.
+- server/cache_append.onnx: `updated = Where(slot, new, past)`, a step's new slot written into an
+  appended-state buffer kept on the device (server/device_state.py). `new` is the slot (length 1 on the time
+  axis), `slot` a boolean of the buffer's rank, True at the slot written and length 1 on every other axis;
+  broadcasting does the rest, for any rank and time axis.
+
+Serving needs no `onnx` package, so the graphs are committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import onnx
+from onnx import TensorProto, helper
+
+SERVER = pathlib.Path(__file__).resolve().parents[1] / "server"
+
+
+def log_softmax() -> onnx.ModelProto:
+    return _model(
+        "log_softmax", helper.make_node("LogSoftmax", ["scores"], ["log_probs"], axis=-1),
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["rows", "vocabulary"])],
+        [helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, ["rows", "vocabulary"])],
+    )
+
+
+def cache_append() -> onnx.ModelProto:
+    return _model(
+        "cache_append", helper.make_node("Where", ["slot", "new", "past"], ["updated"]),
+        [helper.make_tensor_value_info("slot", TensorProto.BOOL, None),
+         helper.make_tensor_value_info("new", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("past", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("updated", TensorProto.FLOAT, None)],
+    )
+
+
+# File name under server/ -> the function that builds it.
+GRAPHS = {"log_softmax.onnx": log_softmax, "cache_append.onnx": cache_append}
+
+
+def _model(name: str, node: onnx.NodeProto, inputs: list, outputs: list) -> onnx.ModelProto:
+    graph = helper.make_graph([node], name, inputs, outputs)
+    # IR 8 / opset 17: what the pinned onnxruntime reads (the exporters' graphs use the same opset).
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
+                             producer_name="attnserve")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=pathlib.Path, default=SERVER, help="folder to write them to")
+    args = parser.parse_args()
+    for name, build in GRAPHS.items():
+        (args.out / name).write_bytes(build().SerializeToString())
+        print(f"wrote {args.out / name}")
+
+
+if __name__ == "__main__":
+    main()

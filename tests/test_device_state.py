@@ -1,0 +1,201 @@
+"""Decoder inputs kept on the device between steps (IO binding, server/device_state.py), run on the CPU.
+
+On the CPU provider the "device" is host memory, but every device copy is still a copy of its own, so a copy
+the runtime failed to refresh would show. The decisive comparison: an engine with IO binding, under
+continuous batching (rows joining, leaving, beams copied, buffers grown), gives what the plain engine gives
+one request at a time, on every architecture; and it really keeps the big inputs resident: the K/V cache is
+copied in when its buffer is reallocated, not at every step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from attnserve.export import server_graphs
+from attnserve.server import app, convert, kv_cache
+from attnserve.server.device_state import CACHE_APPEND_GRAPH, DeviceState
+from attnserve.server.engine import load_engine
+from attnserve.server.repository import find_models
+from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.serve_options import ServeOptions
+from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from conftest import TINY_MODEL_NAME
+from fakes import WAIT
+from test_continuous_batching import (  # noqa: F401  (fixtures)
+    ARCHITECTURES,
+    SEARCHES,
+    architecture,
+    assert_same,
+    assert_shared_requests_equal_alone,
+    engines,
+    image_repo,
+    recurrent_repo,
+    submit_after,
+    text,
+)
+
+BOUND = RuntimeOptions(io_binding=True)
+
+
+def test_the_committed_append_graph_is_what_the_generator_writes():
+    assert CACHE_APPEND_GRAPH.read_bytes() == server_graphs.cache_append().SerializeToString()
+
+
+def test_io_binding_is_on_for_cuda_and_off_for_the_cpu_unless_asked():
+    assert not RuntimeOptions().binds_io
+    assert RuntimeOptions(io_binding=True).binds_io
+    assert RuntimeOptions(device="cuda").binds_io
+    assert not RuntimeOptions(device="cuda", io_binding=False).binds_io
+
+
+def bound_and_alone(repo, name):
+    return engines(repo, name, runtime=BOUND)
+
+
+# The most new tokens each tiny model allows, up to what fills a K/V buffer and has it reallocated.
+LONGEST = {"transformer": kv_cache.SPARE_SLOTS + 6, "recurrent": kv_cache.SPARE_SLOTS + 6, "speech": 12,
+           "image": 6}
+
+
+@pytest.fixture(params=ARCHITECTURES)
+def model(request, tiny_model_repo, tiny_speech_repo, recurrent_repo, image_repo):
+    """(continuous engine with IO binding, plain engine one request at a time, request maker, most tokens)."""
+    bound, alone, make = architecture(request.param, (tiny_model_repo, tiny_speech_repo, recurrent_repo,
+                                                      image_repo), BOUND)
+    yield bound, alone, make, LONGEST[request.param]
+    bound.close()
+    alone.close()
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_requests_joining_a_bound_batch_mid_flight_equal_the_plain_engine_alone(model, search):
+    bound, alone, make, longest = model
+    beam, seeds = SEARCHES[search]
+    trigger = make(0, new=longest, at_least=longest)
+    late = [make(1, beam=beam, seed=seeds[0]), make(2, beam=beam, seed=seeds[1]), make(3)]
+    first, futures = submit_after(bound, trigger, late, tokens=3)
+    assert_same(first.result(WAIT), alone.generate(trigger, WAIT))
+    results = [f.result(WAIT) for f in futures]
+    for request, result in zip(late, results):
+        assert_same(result, alone.generate(request, WAIT))
+    assert max(r.timings.batch_size for r in results) >= 2
+    assert bound.runtime.device_state.uploads  # the bound path ran
+
+
+def test_the_cache_and_encoder_outputs_are_copied_in_when_they_change_not_every_step(tiny_model_repo):
+    bound, alone = bound_and_alone(tiny_model_repo, TINY_MODEL_NAME)
+    steps = 2 * kv_cache.SPARE_SLOTS + 4
+    request = text(TINY_MODEL_NAME, 0, new=steps, at_least=steps)
+    try:
+        result = bound.generate(request, WAIT)
+        assert_same(result, alone.generate(request, WAIT))
+    finally:
+        bound.close()
+        alone.close()
+    manifest = find_models(tiny_model_repo)[TINY_MODEL_NAME].manifest
+    uploads = bound.runtime.device_state.uploads
+    assert len(result.tokens) == steps
+    for spec in manifest.static:
+        assert uploads[spec.target] == 1, spec.target
+    # A fresh buffer at the first step and each time SPARE_SLOTS more slots were filled.
+    reallocations = 1 + (steps - 1) // kv_cache.SPARE_SLOTS
+    for spec in manifest.state:
+        assert uploads[spec.input] == reallocations, spec.input
+
+
+def test_a_step_failing_on_the_device_drops_the_copies_and_its_requests_retry_alone(tiny_model_repo, monkeypatch):
+    bound, alone = bound_and_alone(tiny_model_repo, TINY_MODEL_NAME)
+    write_slot, shared, failed = DeviceState._write_slot, [], []
+
+    def flaky(self, past, new, *args):  # the second cache tensor of the first shared step: copies half written
+        if not failed and new.shape[0] > 1:
+            shared.append(True)
+            if len(shared) == 2:
+                failed.append(True)
+                raise RuntimeError("injected")
+        return write_slot(self, past, new, *args)
+
+    monkeypatch.setattr(DeviceState, "_write_slot", flaky)
+    assert_shared_requests_equal_alone(bound, alone)
+    assert failed
+
+
+def test_a_stale_copy_would_show(tiny_model_repo):
+    """The comparisons above can fail: a device state that ignores revisions (keeps copies made before rows
+    moved) fails or gives other output as soon as beams are copied."""
+    bound, alone = bound_and_alone(tiny_model_repo, TINY_MODEL_NAME)
+    state = bound.runtime.device_state
+    copies = state._copies
+    state._copies = lambda residency: copies(dataclasses.replace(residency, revision=0, cache_revision=0))
+    request = text(TINY_MODEL_NAME, 4, beam=3, new=kv_cache.SPARE_SLOTS - 2, at_least=kv_cache.SPARE_SLOTS - 2)
+    try:
+        plain = alone.generate(request, WAIT)
+        try:
+            stale = bound.generate(request, WAIT)
+        except Exception:
+            return  # the copies no longer even have the rows' shapes
+    finally:
+        bound.close()
+        alone.close()
+    assert [t.id for t in stale.tokens] != [t.id for t in plain.tokens] or not np.allclose(
+        stale.attention.weights, plain.attention.weights, atol=1e-3)
+
+
+def test_a_newcomer_written_into_a_finished_rows_slot_equals_the_plain_engine_alone(tiny_model_repo):
+    """Rows leave their slots free and a newcomer takes one below the batch's size (no reallocation)."""
+    bound, alone = bound_and_alone(tiny_model_repo, TINY_MODEL_NAME)
+    long = [text(TINY_MODEL_NAME, i, new=24, at_least=24) for i in (0, 2, 4, 6)]
+    short, newcomer = text(TINY_MODEL_NAME, 1, new=2, at_least=2), text(TINY_MODEL_NAME, 3, new=6, at_least=6)
+    futures, joined = {}, threading.Event()
+
+    def admit(token):  # the first long request's callback, on the worker
+        if token.index == 1:
+            futures.update({i: bound.submit(r) for i, r in enumerate([*long[1:], short], start=1)})
+        elif token.index == 10:  # the short one has left its slot free by now
+            futures["newcomer"] = bound.submit(newcomer)
+            joined.set()
+
+    try:
+        futures[0] = bound.submit(long[0], admit)
+        assert joined.wait(WAIT)
+        requests = {0: long[0], 1: long[1], 2: long[2], 3: long[3], 4: short, "newcomer": newcomer}
+        for key, request in requests.items():
+            assert_same(futures[key].result(WAIT), alone.generate(request, WAIT))
+        assert futures[4].result(WAIT).timings.batch_size >= 4
+    finally:
+        bound.close()
+        alone.close()
+
+
+def test_the_serve_flag_reaches_the_runtime():
+    from test_continuous_batching import parse_serve_flags
+
+    assert [parse_serve_flags(*flags).io_binding for flags in ((), ("--io-binding", "on"))] == ["auto", "on"]
+    with pytest.raises(ValueError, match="--io-binding 'yes' is not one of auto, on, off"):
+        ServeOptions(io_binding="yes")
+
+
+@pytest.mark.parametrize("engine_process", [False, True], ids=["one process", "engine process"])
+def test_served_with_io_binding_on_equals_the_plain_engine_offline(tiny_model_repo, engine_process):
+    request = text(TINY_MODEL_NAME, 0, new=kv_cache.SPARE_SLOTS + 4, at_least=kv_cache.SPARE_SLOTS + 4)
+    plain = load_engine(find_models(tiny_model_repo)[TINY_MODEL_NAME])
+    try:
+        offline = plain.generate(request, WAIT)
+    finally:
+        plain.close()
+    engines = app.load_engines(ServeOptions(models=str(tiny_model_repo), io_binding="on",
+                                            engine_process=engine_process))
+    if not engine_process:
+        assert engines[TINY_MODEL_NAME].runtime.device_state is not None
+    with app.BackgroundServer(engines) as background, grpc.insecure_channel(background.address) as channel:
+        stub = pb_grpc.AttnServeStub(channel)
+        message = convert.request_to_proto(request)
+        served = stub.Generate(message, timeout=WAIT)
+        streamed = list(stub.GenerateStream(message, timeout=WAIT))
+    assert served.text == streamed[-1].response.text == offline.text
+    assert [t.id for t in served.tokens] == [t.id for t in offline.tokens]
