@@ -9,6 +9,9 @@
   appended-state buffer kept on the device (server/device_state.py). `new` is the slot (length 1 on the time
   axis), `slot` a boolean of the buffer's rank, True at the slot written and length 1 on every other axis;
   broadcasting does the rest, for any rank and time axis.
+- server/write_rows.onnx: `updated = ScatterND(data, rows, values)`: rows of tensors stacked on the device
+  (`rows` holds (tensor, row) pairs) rewritten from the host (rows joining a batch, beams copied:
+  server/device_state.py).
 
 Serving needs no `onnx` package, so the graphs are committed.
 """
@@ -42,8 +45,18 @@ def cache_append() -> onnx.ModelProto:
     )
 
 
+def write_rows() -> onnx.ModelProto:
+    return _model(
+        "write_rows", helper.make_node("ScatterND", ["data", "rows", "values"], ["updated"]),
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("rows", TensorProto.INT64, ["rows", 2]),
+         helper.make_tensor_value_info("values", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("updated", TensorProto.FLOAT, None)],
+    )
+
+
 # File name under server/ -> the function that builds it.
-GRAPHS = {"log_softmax.onnx": log_softmax, "cache_append.onnx": cache_append}
+GRAPHS = {"log_softmax.onnx": log_softmax, "cache_append.onnx": cache_append, "write_rows.onnx": write_rows}
 
 
 def _model(name: str, node: onnx.NodeProto, inputs: list, outputs: list) -> onnx.ModelProto:

@@ -42,8 +42,8 @@ class AppendCache:
         self._spare_slots = spare_slots
         self.length = length
         self.capacity = mask.shape[1] - 1
-        # Counts changes other than appends (rows copied or placed, buffers grown): device copies of the
-        # buffers (server/device_state.py) follow appends alone.
+        # Counts reallocations of the buffers: device copies of them (server/device_state.py) follow appends
+        # and rows rewritten (which the batch's slots report), not a new shape.
         self.revision = 0
 
     @classmethod
@@ -63,6 +63,11 @@ class AppendCache:
             cache._buffers[spec.input][_time_index(spec, slice(0, length), first.ndim)] = tensors[spec.input]
         cache._mask[:, :length] = 1
         return cache
+
+    @property
+    def buffers(self) -> dict[str, np.ndarray]:
+        """Each spec's input name -> its whole buffer (every row and slot, used or not)."""
+        return dict(self._buffers)
 
     @property
     def mask(self) -> np.ndarray:
@@ -87,7 +92,6 @@ class AppendCache:
             view = np.moveaxis(self._buffers[spec.input], spec.batch_axis, 0)
             view[targets] = view[sources]
         self._mask[targets] = self._mask[sources]
-        self.revision += 1
 
     def fits(self, other: AppendCache, rows: np.ndarray) -> bool:
         """Whether `place` can take these rows of `other`: they attend no more slots than this cache has, and
@@ -108,7 +112,6 @@ class AppendCache:
                 axis_slice(into, axis, self.length - kept, self.length)[...] = axis_slice(source, axis, cut, other.length)
         self._mask[targets, : self.capacity] = 0
         self._mask[targets, self.length - kept : self.length] = mask
-        self.revision += 1
 
     def append(self, outputs: Mapping[str, np.ndarray]) -> None:
         """Writes a step's new slot (each spec's output, one position along its time axis) in place. The

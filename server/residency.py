@@ -1,4 +1,4 @@
-"""What a batch tells its runtime about the decoder inputs it keeps between steps (no numpy, no onnxruntime).
+"""What a batch tells its runtime about the decoder inputs it keeps between steps (no onnxruntime).
 
 Made by `Slots.residency` (server/slots.py), read by `DeviceState` (server/device_state.py), which keeps
 device copies of those inputs under IO binding.
@@ -9,21 +9,31 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import numpy as np
+
 
 @dataclasses.dataclass(frozen=True)
 class Residency:
-    """What a batch tells the runtime about the decoder inputs of one step."""
+    """The tensors a batch keeps from one decoder step to the next, and what changed in them since the last.
+
+    Each tensor is given whole: every slot (its rows along axis 0, the batch axis), of which the decoder is fed
+    the first `size`. A device copy holds every slot too, so that rows joining past `size` need no new copy.
+    """
 
     # Stable for one set of slot tensors (server/slots.py); device copies are kept per owner.
     owner: object
-    # Changes whenever the slots change (rows placed, copied, moved; source axes cut): every device copy of
+    # Changes whenever the slots' tensors are replaced or reshaped (source axes cut): every device copy of
     # another revision is stale.
     revision: int
-    # Changes whenever the appended state changes other than by a step's append (a buffer reallocated).
+    # Changes whenever the appended state's buffers are reallocated (they fill every SPARE_SLOTS steps).
     cache_revision: int
     # Slots the appended state holds before this step; the step writes slot `cache_length`.
     cache_length: int
-    # Inputs unchanged while the revision is (the encoder's K/V and mask).
-    static: frozenset[str]
-    # Appended-state input -> (the decoder output holding the step's new slot, its time axis).
-    appended: Mapping[str, tuple[str, int]]
+    # Slots the decoder runs this step: the first `size` rows of every tensor.
+    size: int
+    # Slots whose rows were rewritten since the last residency (rows joined, beams copied, rows moved).
+    changed_rows: tuple[int, ...]
+    # Decoder input -> the whole tensor: inputs unchanged between steps but for `changed_rows` (encoder K/V).
+    static: Mapping[str, np.ndarray]
+    # Appended-state input -> (its whole buffer, the decoder output holding the step's new slot, the time axis).
+    appended: Mapping[str, tuple[np.ndarray, str, int]]

@@ -49,9 +49,11 @@ class Slots:
         self.cache = cache
         self.size = size
         # Device copies of these tensors (server/device_state.py) are kept under `_owner`, valid while the
-        # revision stays as it was (changes to the cache alone count in the cache's own).
+        # revision stays as it was (a reallocated cache counts in the cache's own), with the rows rewritten
+        # since the last step (`_changed`) copied in again.
         self._owner = object()
         self._revision = 0
+        self._changed: set[int] = set()
 
     @property
     def capacity(self) -> int:
@@ -106,18 +108,25 @@ class Slots:
         return feeds, mask[: self.size]
 
     def residency(self) -> Residency:
-        """What the decoder feeds of the next step (call `feeds` first: it may grow the cache) keep from the
-        last: static tensors unchanged until a revision, appended state followed slot by slot."""
+        """The tensors the decoder's next step keeps from the last (call `feeds` first: it may reallocate the
+        cache), and the rows that changed since the last call. Only tensors whose batch axis is the first are
+        named: their slots in use are a prefix of their memory."""
+        static = {s.target: self.static[s.target] for s in self._manifest.static
+                  if s.batch_axis == 0 and self.static[s.target].dtype == np.float32}
         appended = {}
         if self.cache is not None:
-            appended = {s.input: (s.output, s.time_axis) for s in self._manifest.state
-                        if s.update == "append" and s.dtype == "float32"}
+            buffers = self.cache.buffers
+            appended = {s.input: (buffers[s.input], s.output, s.time_axis) for s in self._manifest.state
+                        if s.update == "append" and s.batch_axis == 0 and s.dtype == "float32"}
+        changed, self._changed = tuple(sorted(self._changed)), set()
         return Residency(
             owner=self._owner,
             revision=self._revision,
             cache_revision=self.cache.revision if self.cache is not None else 0,
             cache_length=self.cache.length if self.cache is not None else 0,
-            static=frozenset(s.target for s in self._manifest.static),
+            size=self.size,
+            changed_rows=changed,
+            static=static,
             appended=appended,
         )
 
@@ -151,7 +160,6 @@ class Slots:
         if self.size + extra > self.capacity:
             return None
         self.size += extra
-        self._revision += int(extra > 0)
         return np.concatenate([holes, np.arange(self.size - extra, self.size)])
 
     def compact(self, used: np.ndarray) -> np.ndarray:
@@ -164,7 +172,6 @@ class Slots:
             self.copy(used[moving], holes)
             used = used.copy()
             used[moving] = holes
-        self._revision += int(self.size != count)
         self.size = count
         return used
 
@@ -176,7 +183,7 @@ class Slots:
             view[targets] = view[sources]
         if self.cache is not None:
             self.cache.copy(sources, targets)
-        self._revision += 1
+        self._changed.update(targets.tolist())
 
     def fits(self, other: Slots, rows: np.ndarray, width: int) -> bool:
         """Whether `rows` of `other` (needing `width` source positions) fit this batch's tensors."""
@@ -198,7 +205,7 @@ class Slots:
                 axis_slice(into, axis, width, None)[...] = 0
         if self.cache is not None:
             self.cache.place(targets, other.cache, rows)
-        self._revision += 1
+        self._changed.update(targets.tolist())
 
     def _tensors(self):
         """(decoder input name, spec, tensor) of every static and replaced-state tensor, in manifest order."""

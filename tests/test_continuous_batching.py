@@ -495,10 +495,12 @@ def test_a_failed_step_retries_its_requests_alone(tiny_model_repo, monkeypatch):
     assert failed
 
 
-def assert_shared_requests_equal_alone(engine, alone):
-    """A greedy request, and a beam-2 one that joins it at its second token, each give what they give alone
-    (say after a fault injected into their shared steps); closes both engines."""
-    trigger, late = text(TINY_MODEL_NAME, 0, new=10, at_least=10), [text(TINY_MODEL_NAME, 1, beam=2)]
+def assert_shared_requests_equal_alone(engine, alone, trigger=None, late=None):
+    """A trigger request, and late ones that join it at its second token, each give what they give alone (say
+    after a fault injected into their shared steps); closes both engines. By default a greedy trigger and
+    one beam-2 request."""
+    trigger = trigger or text(TINY_MODEL_NAME, 0, new=10, at_least=10)
+    late = late or [text(TINY_MODEL_NAME, 1, beam=2)]
     try:
         first, futures = submit_after(engine, trigger, late, tokens=2)
         for request, future in zip([trigger, *late], [first, *futures]):

@@ -23,6 +23,7 @@ from attnserve.server.engine import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.server.serve_options import ServeOptions
+from attnserve.server.slots import Slots
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_MODEL_NAME
 from fakes import WAIT
@@ -85,6 +86,7 @@ def test_requests_joining_a_bound_batch_mid_flight_equal_the_plain_engine_alone(
         assert_same(result, alone.generate(request, WAIT))
     assert max(r.timings.batch_size for r in results) >= 2
     assert bound.runtime.device_state.uploads  # the bound path ran
+    assert bound.runtime.device_state.failed_steps == 0  # (a failed step is retried and would hide a fault)
 
 
 def test_the_cache_and_encoder_outputs_are_copied_in_when_they_change_not_every_step(tiny_model_repo):
@@ -100,8 +102,11 @@ def test_the_cache_and_encoder_outputs_are_copied_in_when_they_change_not_every_
     manifest = find_models(tiny_model_repo)[TINY_MODEL_NAME].manifest
     uploads = bound.runtime.device_state.uploads
     assert len(result.tokens) == steps
-    for spec in manifest.static:
-        assert uploads[spec.target] == 1, spec.target
+    floats = [s.target for s in manifest.static
+              if bound.runtime.decoder_signature.inputs[s.target].dtype == "float32"]  # the encoder K/V
+    assert floats
+    for name in floats:
+        assert uploads[name] == 1, name
     # A fresh buffer at the first step and each time SPARE_SLOTS more slots were filled.
     reallocations = 1 + (steps - 1) // kv_cache.SPARE_SLOTS
     for spec in manifest.state:
@@ -110,28 +115,39 @@ def test_the_cache_and_encoder_outputs_are_copied_in_when_they_change_not_every_
 
 def test_a_step_failing_on_the_device_drops_the_copies_and_its_requests_retry_alone(tiny_model_repo, monkeypatch):
     bound, alone = bound_and_alone(tiny_model_repo, TINY_MODEL_NAME)
-    write_slot, shared, failed = DeviceState._write_slot, [], []
+    write_slot, failed = DeviceState._write_slot, []
 
-    def flaky(self, past, new, *args):  # the second cache tensor of the first shared step: copies half written
-        if not failed and new.shape[0] > 1:
-            shared.append(True)
-            if len(shared) == 2:
-                failed.append(True)
-                raise RuntimeError("injected")
-        return write_slot(self, past, new, *args)
+    def flaky(self, stack, new, position):  # the first shared step, after the decoder ran: copies left behind
+        if not failed and len(new[0]) > 1:
+            failed.append(True)
+            raise RuntimeError("injected")
+        return write_slot(self, stack, new, position)
 
     monkeypatch.setattr(DeviceState, "_write_slot", flaky)
     assert_shared_requests_equal_alone(bound, alone)
     assert failed
 
 
+def test_a_batch_whose_longest_source_leaves_is_cut_and_equals_the_plain_engine_alone(tiny_model_repo,
+                                                                                     monkeypatch):
+    bound, alone = bound_and_alone(tiny_model_repo, TINY_MODEL_NAME)
+    narrowed, narrow = [], Slots.narrow
+    monkeypatch.setattr(Slots, "narrow", lambda self, width: narrowed.append(width) or narrow(self, width))
+    # Text 4 is the longest source; it stops after two tokens, and the batch's source axes are cut.
+    trigger = text(TINY_MODEL_NAME, 3, new=20, at_least=20)
+    late = [text(TINY_MODEL_NAME, 4, new=2, at_least=2), text(TINY_MODEL_NAME, 5, new=12, at_least=12)]
+    assert_shared_requests_equal_alone(bound, alone, trigger, late)
+    assert narrowed
+    assert bound.runtime.device_state.failed_steps == 0
+
+
 def test_a_stale_copy_would_show(tiny_model_repo):
-    """The comparisons above can fail: a device state that ignores revisions (keeps copies made before rows
-    moved) fails or gives other output as soon as beams are copied."""
+    """The comparisons above can fail: a device state that misses the rows rewritten on the host (keeps what
+    its copies held before beams were copied) fails or gives other output."""
     bound, alone = bound_and_alone(tiny_model_repo, TINY_MODEL_NAME)
     state = bound.runtime.device_state
-    copies = state._copies
-    state._copies = lambda residency: copies(dataclasses.replace(residency, revision=0, cache_revision=0))
+    run = state.run
+    state.run = lambda feeds, residency: run(feeds, dataclasses.replace(residency, changed_rows=()))
     request = text(TINY_MODEL_NAME, 4, beam=3, new=kv_cache.SPARE_SLOTS - 2, at_least=kv_cache.SPARE_SLOTS - 2)
     try:
         plain = alone.generate(request, WAIT)
@@ -167,6 +183,9 @@ def test_a_newcomer_written_into_a_finished_rows_slot_equals_the_plain_engine_al
         for key, request in requests.items():
             assert_same(futures[key].result(WAIT), alone.generate(request, WAIT))
         assert futures[4].result(WAIT).timings.batch_size >= 4
+        # The newcomer's rows were written into the device copies, not the copies made again.
+        assert all(bound.runtime.device_state.row_uploads[name] for name in bound.runtime.device_state.uploads)
+        assert bound.runtime.device_state.failed_steps == 0
     finally:
         bound.close()
         alone.close()
