@@ -1,4 +1,4 @@
-"""Writes the one-node graphs the server runs beside the models' own, committed next to its code.
+"""Writes the small graphs the server runs beside the models' own, committed next to its code.
 
     python -m attnserve.export.server_graphs            # rewrites them; tests check they are current
 
@@ -9,6 +9,8 @@
   appended-state buffer kept on the device (server/device_state.py). `new` is the slot (length 1 on the time
   axis), `slot` a boolean of the buffer's rank, True at the slot written and length 1 on every other axis;
   broadcasting does the rest, for any rank and time axis.
+- server/grow_cache.onnx: `Pad(Slice(past, cut, used), spare)` along the time axis: stacked cache buffers
+  kept on the device reallocated as the host's are (leading slots no row attends cut, spare slots added).
 - server/write_rows.onnx: `updated = ScatterND(data, rows, values)`: rows of tensors stacked on the device
   (`rows` holds (tensor, row) pairs) rewritten from the host (rows joining a batch, beams copied:
   server/device_state.py).
@@ -55,12 +57,27 @@ def write_rows() -> onnx.ModelProto:
     )
 
 
+def grow_cache() -> onnx.ModelProto:
+    return _model(
+        "grow_cache",
+        [helper.make_node("Slice", ["past", "start", "stop", "axis"], ["kept"]),
+         helper.make_node("Pad", ["kept", "pads"], ["updated"], mode="constant")],
+        [helper.make_tensor_value_info("past", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("start", TensorProto.INT64, [1]),
+         helper.make_tensor_value_info("stop", TensorProto.INT64, [1]),
+         helper.make_tensor_value_info("axis", TensorProto.INT64, [1]),
+         helper.make_tensor_value_info("pads", TensorProto.INT64, ["twice_rank"])],
+        [helper.make_tensor_value_info("updated", TensorProto.FLOAT, None)],
+    )
+
+
 # File name under server/ -> the function that builds it.
-GRAPHS = {"log_softmax.onnx": log_softmax, "cache_append.onnx": cache_append, "write_rows.onnx": write_rows}
+GRAPHS = {"log_softmax.onnx": log_softmax, "cache_append.onnx": cache_append, "write_rows.onnx": write_rows,
+          "grow_cache.onnx": grow_cache}
 
 
-def _model(name: str, node: onnx.NodeProto, inputs: list, outputs: list) -> onnx.ModelProto:
-    graph = helper.make_graph([node], name, inputs, outputs)
+def _model(name: str, nodes: onnx.NodeProto | list[onnx.NodeProto], inputs: list, outputs: list) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes if isinstance(nodes, list) else [nodes], name, inputs, outputs)
     # IR 8 / opset 17: what the pinned onnxruntime reads (the exporters' graphs use the same opset).
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
                              producer_name="attnserve")

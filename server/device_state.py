@@ -10,11 +10,12 @@ so that each kind of update below is one graph run for all of them, not one per 
 - rows rewritten on the host since the last step (rows joining the batch, beams copied, rows moved into
   free slots) are written into the device copies by a one-node graph (server/write_rows.onnx);
 - each step's new cache slot is written into the device buffers by another (server/cache_append.onnx);
-- a new revision of the batch's tensors (gathered afresh, source axes cut) or of the cache (its buffers
-  reallocated, every 16 steps) is copied in whole.
+- a cache whose buffers are reallocated (full every 16 steps) is reallocated on the device the same way
+  (server/grow_cache.onnx);
+- a new revision of the batch's tensors (gathered afresh, source axes cut) is copied in whole.
 The host tensors remain the truth. The small inputs of a step (tokens, positions, masks) and replaced state
 (an LSTM's h, c) are copied in every step; logits, attention and the new slots come back to the host, as
-without IO binding. Both graphs are written by export/server_graphs.py.
+without IO binding. The graphs are written by export/server_graphs.py.
 
 Off on the CPU (`RuntimeOptions.io_binding`): there the "device" is host memory, and writing each new slot
 through a graph copies the buffer once more. Tests turn it on there to check it against the plain path.
@@ -34,6 +35,7 @@ from attnserve.server.residency import Residency
 
 CACHE_APPEND_GRAPH = pathlib.Path(__file__).with_name("cache_append.onnx")
 WRITE_ROWS_GRAPH = pathlib.Path(__file__).with_name("write_rows.onnx")
+GROW_CACHE_GRAPH = pathlib.Path(__file__).with_name("grow_cache.onnx")
 
 
 @dataclasses.dataclass(eq=False)
@@ -75,6 +77,7 @@ class DeviceState:
         self._device, self._device_id = device, device_id
         self._append = _open(CACHE_APPEND_GRAPH, decoder.get_providers())
         self._write_rows = _open(WRITE_ROWS_GRAPH, decoder.get_providers())
+        self._grow_cache = _open(GROW_CACHE_GRAPH, decoder.get_providers())
         self._kept: collections.OrderedDict[object, _Copies] = collections.OrderedDict()
         # Input name -> how many times it was copied to the device whole, and how many of its rows were
         # copied in alone (tests and benchmarks read them).
@@ -124,7 +127,12 @@ class DeviceState:
         if copies is None or copies.revision != residency.revision:
             copies = _Copies(residency.revision, residency.cache_revision, residency.cache_length, [], [])
         elif (copies.cache_revision, copies.cache_length) != (residency.cache_revision, residency.cache_length):
-            copies.appended = []  # reallocated, or appended on the host alone: stale
+            growth = residency.cache_growth
+            if copies.cache_revision + 1 == residency.cache_revision and growth and growth[1] == copies.cache_length:
+                for stack in copies.appended:  # reallocated on the host: the same on the device
+                    stack.value = self._grow(stack, growth)
+            else:  # appended on the host alone, or more than one reallocation: stale
+                copies.appended = []
             copies.cache_revision, copies.cache_length = residency.cache_revision, residency.cache_length
         self._kept[residency.owner] = copies
         while len(self._kept) > self.KEPT_BATCHES:
@@ -172,6 +180,16 @@ class DeviceState:
             values = np.concatenate([tensors[name][rows] for name in stack.names])
             stack.value = self._run_on_device(self._write_rows, {"rows": index, "values": values}, "data",
                                               stack.value)
+
+    def _grow(self, stack: _Stack, growth: tuple[int, int, int]) -> ort.OrtValue:
+        """The stacked buffers reallocated as AppendCache._grow does: slots cut..used kept, first, and spare
+        (zero) slots after them up to the new capacity."""
+        cut, used, capacity = growth
+        axis = stack.time_axis + 1
+        pads = np.zeros(2 * len(stack.value.shape()), dtype=np.int64)
+        pads[len(stack.value.shape()) + axis] = capacity - (used - cut)
+        host = {"start": np.array([cut]), "stop": np.array([used]), "axis": np.array([axis]), "pads": pads}
+        return self._run_on_device(self._grow_cache, host, "past", stack.value)
 
     def _write_slot(self, stack: _Stack, new: list[np.ndarray], position: int) -> ort.OrtValue:
         """The stack with slot `position` along its tensors' time axis set to each one's new slot. The step ran

@@ -43,8 +43,10 @@ class AppendCache:
         self.length = length
         self.capacity = mask.shape[1] - 1
         # Counts reallocations of the buffers: device copies of them (server/device_state.py) follow appends
-        # and rows rewritten (which the batch's slots report), not a new shape.
+        # and rows rewritten (which the batch's slots report), and repeat the latest reallocation, described
+        # by `growth`: (slots cut from the front, slots used before, the new capacity).
         self.revision = 0
+        self.growth: tuple[int, int, int] | None = None
 
     @classmethod
     def start(cls, specs: Sequence[StateSpec], tensors: Mapping[str, np.ndarray], spare_slots: bool) -> AppendCache:
@@ -162,6 +164,7 @@ class AppendCache:
                 axis_slice(self._buffers[spec.input], spec.time_axis, cut, self.length)
             )
         grown._mask[:, :length] = self.mask[:, cut:]
+        self.growth = (cut, self.length, grown.capacity)
         self._buffers, self._mask, self.capacity, self.length = grown._buffers, grown._mask, grown.capacity, length
         self.revision += 1
 

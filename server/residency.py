@@ -27,6 +27,9 @@ class Residency:
     revision: int
     # Changes whenever the appended state's buffers are reallocated (they fill every SPARE_SLOTS steps).
     cache_revision: int
+    # How the buffers of `cache_revision` were made from the previous revision's: (slots cut from the front,
+    # slots used before, the new capacity); None if they were not.
+    cache_growth: tuple[int, int, int] | None
     # Slots the appended state holds before this step; the step writes slot `cache_length`.
     cache_length: int
     # Slots the decoder runs this step: the first `size` rows of every tensor.

@@ -123,6 +123,7 @@ class Slots:
             owner=self._owner,
             revision=self._revision,
             cache_revision=self.cache.revision if self.cache is not None else 0,
+            cache_growth=self.cache.growth if self.cache is not None else None,
             cache_length=self.cache.length if self.cache is not None else 0,
             size=self.size,
             changed_rows=changed,
