@@ -6,14 +6,15 @@ What IO binding (server/device_state.py) is for is the transfer volume on a GPU;
 depend on the device, so this runs on the CPU provider with `io_binding=True` and counts both sides of the
 same run: every decoder step's feeds (what the CUDA provider copies in at every step without IO binding)
 and what the bound path copied in (whole tensors when a batch is gathered afresh or its cache reallocated,
-rewritten rows, each step's small inputs and new cache slots). `--clients` threads each submit test-split
-sentences (both directions, greedy) one after another, so that rows join and leave the running batch as
+rows joining, each step's small inputs and new cache slots). `--clients` threads each submit test-split
+sentences (both directions, greedy or `--beam`) one after another, so that rows join and leave the running batch as
 they do under served traffic. Speed on the CPU is not the point: there IO binding is off by default.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import threading
@@ -51,6 +52,7 @@ def main() -> None:
     parser.add_argument("--split", type=pathlib.Path, default=pathlib.Path("data/corpus/test.tsv"))
     parser.add_argument("--sentences", type=int, default=128, help="sentences per direction")
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--beam", type=int, default=1, help="beam size of every request (1 = greedy)")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
     version = find_models(args.models, only=[args.model])[args.model]
@@ -64,17 +66,20 @@ def main() -> None:
 
     engine.runtime.decode_step = counting
     try:
-        run_clients(engine, read_requests(args.split, args.model, args.sentences), args.clients)
+        requests = [dataclasses.replace(r, decoding=dataclasses.replace(r.decoding, beam_size=args.beam))
+                    for r in read_requests(args.split, args.model, args.sentences)]
+        run_clients(engine, requests, args.clients)
     finally:
         engine.close()
     state = engine.runtime.device_state
     report = {
-        "model": f"{args.model} {version.version}", "clients": args.clients, "steps": steps[0],
+        "model": f"{args.model} {version.version}", "clients": args.clients, "beam": args.beam, "steps": steps[0],
         "host_feeds_mb_per_step": round(fed_bytes[0] / steps[0] / 2**20, 3),
         "io_binding_mb_per_step": round(state.uploaded_bytes / steps[0] / 2**20, 3),
         "ratio": round(fed_bytes[0] / state.uploaded_bytes, 2),
         "whole_copies_per_tensor": max(state.uploads.values()),
-        "rows_rewritten_per_tensor": max(state.row_uploads.values(), default=0),
+        "rows_written_from_the_host_per_tensor": max(state.row_uploads.values(), default=0),
+        "rows_copied_on_the_device_per_tensor": max(state.device_row_copies.values(), default=0),
     }
     print(json.dumps(report, indent=2))
     if args.out:

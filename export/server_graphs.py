@@ -11,6 +11,8 @@
   broadcasting does the rest, for any rank and time axis.
 - server/grow_cache.onnx: `Pad(Slice(past, cut, used), spare)` along the time axis: stacked cache buffers
   kept on the device reallocated as the host's are (leading slots no row attends cut, spare slots added).
+- server/copy_rows.onnx: `ScatterND(data, targets, GatherND(data, sources))`: rows of tensors stacked on the
+  device copied into others there (beams kept twice, rows moved into free slots), (tensor, row) pairs.
 - server/write_rows.onnx: `updated = ScatterND(data, rows, values)`: rows of tensors stacked on the device
   (`rows` holds (tensor, row) pairs) rewritten from the host (rows joining a batch, beams copied:
   server/device_state.py).
@@ -71,9 +73,21 @@ def grow_cache() -> onnx.ModelProto:
     )
 
 
+def copy_rows() -> onnx.ModelProto:
+    return _model(
+        "copy_rows",
+        [helper.make_node("GatherND", ["data", "sources"], ["values"]),
+         helper.make_node("ScatterND", ["data", "targets", "values"], ["updated"])],
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("sources", TensorProto.INT64, ["rows", 2]),
+         helper.make_tensor_value_info("targets", TensorProto.INT64, ["rows", 2])],
+        [helper.make_tensor_value_info("updated", TensorProto.FLOAT, None)],
+    )
+
+
 # File name under server/ -> the function that builds it.
 GRAPHS = {"log_softmax.onnx": log_softmax, "cache_append.onnx": cache_append, "write_rows.onnx": write_rows,
-          "grow_cache.onnx": grow_cache}
+          "grow_cache.onnx": grow_cache, "copy_rows.onnx": copy_rows}
 
 
 def _model(name: str, nodes: onnx.NodeProto | list[onnx.NodeProto], inputs: list, outputs: list) -> onnx.ModelProto:

@@ -7,8 +7,9 @@ keeps, per batch, device copies of the encoder K/V (server/slots.py) and of the 
 (server/kv_cache.py), every slot of them, and binds the slots in use (a prefix: the batch axis comes first).
 Tensors of one shape (every layer's keys and values) are stacked in one device buffer and bound by offset,
 so that each kind of update below is one graph run for all of them, not one per tensor:
-- rows rewritten on the host since the last step (rows joining the batch, beams copied, rows moved into
-  free slots) are written into the device copies by a one-node graph (server/write_rows.onnx);
+- rows copied on the host since the last step (beams kept twice, rows moved into free slots) are copied on
+  the device too (server/copy_rows.onnx), and rows joining are written into the device copies from the
+  host (server/write_rows.onnx);
 - each step's new cache slot is written into the device buffers by another (server/cache_append.onnx);
 - a cache whose buffers are reallocated (full every 16 steps) is reallocated on the device the same way
   (server/grow_cache.onnx);
@@ -36,6 +37,7 @@ from attnserve.server.residency import Residency
 CACHE_APPEND_GRAPH = pathlib.Path(__file__).with_name("cache_append.onnx")
 WRITE_ROWS_GRAPH = pathlib.Path(__file__).with_name("write_rows.onnx")
 GROW_CACHE_GRAPH = pathlib.Path(__file__).with_name("grow_cache.onnx")
+COPY_ROWS_GRAPH = pathlib.Path(__file__).with_name("copy_rows.onnx")
 
 
 @dataclasses.dataclass(eq=False)
@@ -78,11 +80,13 @@ class DeviceState:
         self._append = _open(CACHE_APPEND_GRAPH, decoder.get_providers())
         self._write_rows = _open(WRITE_ROWS_GRAPH, decoder.get_providers())
         self._grow_cache = _open(GROW_CACHE_GRAPH, decoder.get_providers())
+        self._copy_rows = _open(COPY_ROWS_GRAPH, decoder.get_providers())
         self._kept: collections.OrderedDict[object, _Copies] = collections.OrderedDict()
         # Input name -> how many times it was copied to the device whole, and how many of its rows were
         # copied in alone (tests and benchmarks read them).
         self.uploads: collections.Counter[str] = collections.Counter()
         self.row_uploads: collections.Counter[str] = collections.Counter()
+        self.device_row_copies: collections.Counter[str] = collections.Counter()  # rows copied on the device
         self.failed_steps = 0
         # Bytes copied from the host to the device, everything included (bench/device_transfers.py).
         self.uploaded_bytes = 0
@@ -94,12 +98,12 @@ class DeviceState:
         time_axes = {name: axis for name, (_, _, axis) in residency.appended.items()}
         if not copies.static:
             copies.static = self._upload(residency.static, {})
-        elif residency.changed_rows:
-            self._rewrite_rows(copies.static, residency.static, residency.changed_rows)
+        elif residency.row_changes:
+            self._change_rows(copies.static, residency.static, residency.row_changes)
         if not copies.appended:
             copies.appended = self._upload(appended, time_axes)
-        elif residency.changed_rows:
-            self._rewrite_rows(copies.appended, appended, residency.changed_rows)
+        elif residency.row_changes:
+            self._change_rows(copies.appended, appended, residency.row_changes)
         binding = self._decoder.io_binding()
         bound = self._bind_stacks(binding, copies.static + copies.appended, feeds)
         for name, x in feeds.items():
@@ -171,15 +175,30 @@ class DeviceState:
                 bound.add(name)
         return bound
 
+    def _change_rows(self, stacks: list[_Stack], tensors: Mapping[str, np.ndarray], changes) -> None:
+        """Does the batch's row changes again on the device copies, in order: rows copied from others are
+        copied there (nothing crosses to the device), rows written on the host are copied in from the host
+        tensors at the end, as they are then. A copy from a row still to be copied in is copied in too."""
+        pending: set[int] = set()
+        for sources, targets in changes:
+            if sources is None or pending.intersection(sources):
+                pending.update(targets)
+                continue
+            for stack in stacks:
+                self.device_row_copies.update({name: len(targets) for name in stack.names})
+                index = {"sources": _stacked_rows(len(stack.names), sources),
+                         "targets": _stacked_rows(len(stack.names), targets)}
+                stack.value = self._run_on_device(self._copy_rows, index, "data", stack.value)
+        if pending:
+            self._rewrite_rows(stacks, tensors, tuple(sorted(pending)))
+
     def _rewrite_rows(self, stacks: list[_Stack], tensors: Mapping[str, np.ndarray], rows: tuple[int, ...]) -> None:
         """Copies the given rows (along each tensor's first axis) in again from the host tensors."""
-        rows = np.asarray(rows, dtype=np.int64)
         for stack in stacks:
             self.row_uploads.update({name: len(rows) for name in stack.names})
-            index = np.stack(np.meshgrid(np.arange(len(stack.names)), rows, indexing="ij"), -1).reshape(-1, 2)
-            values = np.concatenate([tensors[name][rows] for name in stack.names])
-            stack.value = self._run_on_device(self._write_rows, {"rows": index, "values": values}, "data",
-                                              stack.value)
+            values = np.concatenate([tensors[name][list(rows)] for name in stack.names])
+            host = {"rows": _stacked_rows(len(stack.names), rows), "values": values}
+            stack.value = self._run_on_device(self._write_rows, host, "data", stack.value)
 
     def _grow(self, stack: _Stack, growth: tuple[int, int, int]) -> ort.OrtValue:
         """The stacked buffers reallocated as AppendCache._grow does: slots cut..used kept, first, and spare
@@ -216,6 +235,11 @@ class DeviceState:
         binding.bind_output("updated", self._device, self._device_id)
         session.run_with_iobinding(binding)
         return binding.get_outputs()[0]
+
+
+def _stacked_rows(tensors: int, rows) -> np.ndarray:
+    """(tensors x len(rows), 2) (tensor, row) pairs, tensor-major: where the rows lie in a stack."""
+    return np.stack(np.meshgrid(np.arange(tensors), np.asarray(rows), indexing="ij"), -1).reshape(-1, 2)
 
 
 def _open(graph: pathlib.Path, providers: list[str]) -> ort.InferenceSession:

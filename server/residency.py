@@ -34,9 +34,11 @@ class Residency:
     cache_length: int
     # Slots the decoder runs this step: the first `size` rows of every tensor.
     size: int
-    # Slots whose rows were rewritten since the last residency (rows joined, beams copied, rows moved).
-    changed_rows: tuple[int, ...]
-    # Decoder input -> the whole tensor: inputs unchanged between steps but for `changed_rows` (encoder K/V).
+    # How rows changed since the last residency, in order: (sources, targets) where row targets[i] became a
+    # copy of row sources[i] (beams kept twice, rows moved into free slots), or (None, targets) where the
+    # rows were written from elsewhere (rows joining).
+    row_changes: tuple[tuple[tuple[int, ...] | None, tuple[int, ...]], ...]
+    # Decoder input -> the whole tensor: inputs unchanged between steps but for `row_changes` (encoder K/V).
     static: Mapping[str, np.ndarray]
     # Appended-state input -> (its whole buffer, the decoder output holding the step's new slot, the time axis).
     appended: Mapping[str, tuple[np.ndarray, str, int]]

@@ -49,11 +49,11 @@ class Slots:
         self.cache = cache
         self.size = size
         # Device copies of these tensors (server/device_state.py) are kept under `_owner`, valid while the
-        # revision stays as it was (a reallocated cache counts in the cache's own), with the rows rewritten
-        # since the last step (`_changed`) copied in again.
+        # revision stays as it was (a reallocated cache counts in the cache's own), with the row changes since
+        # the last step (`_row_changes`, Residency.row_changes) done again on them.
         self._owner = object()
         self._revision = 0
-        self._changed: set[int] = set()
+        self._row_changes: list[tuple[tuple[int, ...] | None, tuple[int, ...]]] = []
 
     @property
     def capacity(self) -> int:
@@ -118,7 +118,7 @@ class Slots:
             buffers = self.cache.buffers
             appended = {s.input: (buffers[s.input], s.output, s.time_axis) for s in self._manifest.state
                         if s.update == "append" and s.batch_axis == 0 and s.dtype == "float32"}
-        changed, self._changed = tuple(sorted(self._changed)), set()
+        changes, self._row_changes = tuple(self._row_changes), []
         return Residency(
             owner=self._owner,
             revision=self._revision,
@@ -126,7 +126,7 @@ class Slots:
             cache_growth=self.cache.growth if self.cache is not None else None,
             cache_length=self.cache.length if self.cache is not None else 0,
             size=self.size,
-            changed_rows=changed,
+            row_changes=changes,
             static=static,
             appended=appended,
         )
@@ -184,7 +184,7 @@ class Slots:
             view[targets] = view[sources]
         if self.cache is not None:
             self.cache.copy(sources, targets)
-        self._changed.update(targets.tolist())
+        self._row_changes.append((tuple(sources.tolist()), tuple(targets.tolist())))
 
     def fits(self, other: Slots, rows: np.ndarray, width: int) -> bool:
         """Whether `rows` of `other` (needing `width` source positions) fit this batch's tensors."""
@@ -206,7 +206,7 @@ class Slots:
                 axis_slice(into, axis, width, None)[...] = 0
         if self.cache is not None:
             self.cache.place(targets, other.cache, rows)
-        self._changed.update(targets.tolist())
+        self._row_changes.append((None, tuple(targets.tolist())))
 
     def _tensors(self):
         """(decoder input name, spec, tensor) of every static and replaced-state tensor, in manifest order."""

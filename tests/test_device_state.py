@@ -140,12 +140,12 @@ def test_a_batch_whose_longest_source_leaves_is_cut_and_equals_the_plain_engine_
 
 
 def test_a_stale_copy_would_show(tiny_model_repo):
-    """The comparisons above can fail: a device state that misses the rows rewritten on the host (keeps what
+    """The comparisons above can fail: a device state that misses the rows changed on the host (keeps what
     its copies held before beams were copied) fails or gives other output."""
     bound, alone = bound_and_alone(tiny_model_repo, TINY_MODEL_NAME)
     state = bound.runtime.device_state
     run = state.run
-    state.run = lambda feeds, residency: run(feeds, dataclasses.replace(residency, changed_rows=()))
+    state.run = lambda feeds, residency: run(feeds, dataclasses.replace(residency, row_changes=()))
     request = text(TINY_MODEL_NAME, 4, beam=3, new=kv_cache.SPARE_SLOTS - 2, at_least=kv_cache.SPARE_SLOTS - 2)
     try:
         plain = alone.generate(request, WAIT)
@@ -216,3 +216,26 @@ def test_served_with_io_binding_on_equals_the_plain_engine_offline(tiny_model_re
         streamed = list(stub.GenerateStream(message, timeout=WAIT))
     assert served.text == streamed[-1].response.text == offline.text
     assert [t.id for t in served.tokens] == [t.id for t in offline.tokens]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_row_changes_done_again_on_the_device_leave_it_equal_to_the_host(tiny_model_repo, seed):
+    """Rows written on the host and rows copied, some copies from rows written earlier in the same sequence
+    (those must come from the host), replayed on a device stack of two tensors."""
+    bound = load_engine(find_models(tiny_model_repo)[TINY_MODEL_NAME], BOUND)
+    state = bound.runtime.device_state
+    bound.close()
+    rng = np.random.default_rng(seed)
+    host = {name: rng.standard_normal((6, 2, 3)).astype(np.float32) for name in ("a", "b")}
+    stacks = state._upload(host, {})
+    # (sources or None for a write, targets): copied on the device unless a source was written before.
+    changes = [((0, 1), (2, 3)), (None, (4,)), ((4,), (5,)), ((0,), (1,)), (None, (2,)), ((2,), (0,))]
+    for sources, targets in changes:
+        for x in host.values():
+            if sources is None:
+                x[list(targets)] = rng.standard_normal((len(targets), 2, 3))
+            else:
+                x[list(targets)] = x[list(sources)]
+    state._change_rows(stacks, host, tuple(changes))
+    np.testing.assert_array_equal(stacks[0].value.numpy(), np.stack([host["a"], host["b"]]))
+    assert state.device_row_copies["a"] == 3 and state.row_uploads["a"] == 4  # rows 4, 5, 2, 0 from the host
