@@ -226,7 +226,7 @@ class DeviceState:
 
     def _run_on_device(self, session: ort.InferenceSession, host: Mapping[str, np.ndarray], name: str,
                        value: ort.OrtValue) -> ort.OrtValue:
-        """Runs a one-node graph on the host inputs and the device value `name`; its output stays on the device."""
+        """Runs a small graph on the host inputs and the device value `name`; its output stays on the device."""
         binding = session.io_binding()
         for key, x in host.items():
             binding.bind_cpu_input(key, np.ascontiguousarray(x))
