@@ -17,7 +17,8 @@ class Residency:
     """The tensors a batch keeps from one decoder step to the next, and what changed in them since the last.
 
     Each tensor is given whole: every slot (its rows along axis 0, the batch axis), of which the decoder is fed
-    the first `size`. A device copy holds every slot too, so that rows joining past `size` need no new copy.
+    the first ones (the batch's size). A device copy holds every slot too, so that rows joining past the size
+    need no new copy.
     """
 
     # Stable for one set of slot tensors (server/slots.py); device copies are kept per owner.
@@ -32,8 +33,6 @@ class Residency:
     cache_growth: tuple[int, int, int] | None
     # Slots the appended state holds before this step; the step writes slot `cache_length`.
     cache_length: int
-    # Slots the decoder runs this step: the first `size` rows of every tensor.
-    size: int
     # How rows changed since the last residency, in order: (sources, targets) where row targets[i] became a
     # copy of row sources[i] (beams kept twice, rows moved into free slots), or (None, targets) where the
     # rows were written from elsewhere (rows joining).

@@ -125,7 +125,6 @@ class Slots:
             cache_revision=self.cache.revision if self.cache is not None else 0,
             cache_growth=self.cache.growth if self.cache is not None else None,
             cache_length=self.cache.length if self.cache is not None else 0,
-            size=self.size,
             row_changes=changes,
             static=static,
             appended=appended,
