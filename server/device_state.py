@@ -234,6 +234,7 @@ class DeviceState:
         binding.bind_ortvalue_input(name, value)
         binding.bind_output("updated", self._device, self._device_id)
         session.run_with_iobinding(binding)
+        binding.synchronize_outputs()  # the next graph to read it may run on another CUDA stream
         return binding.get_outputs()[0]
 
 
