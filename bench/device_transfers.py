@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=128, help="sentences per direction")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--beam", type=int, default=1, help="beam size of every request (1 = greedy)")
+    parser.add_argument("--at-least", type=int, default=0, help="new tokens every request must make (longer outputs)")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
     version = find_models(args.models, only=[args.model])[args.model]
@@ -66,14 +67,16 @@ def main() -> None:
 
     engine.runtime.decode_step = counting
     try:
-        requests = [dataclasses.replace(r, decoding=dataclasses.replace(r.decoding, beam_size=args.beam))
+        decoding = dict(beam_size=args.beam, min_new_tokens=args.at_least)
+        requests = [dataclasses.replace(r, decoding=dataclasses.replace(r.decoding, **decoding))
                     for r in read_requests(args.split, args.model, args.sentences)]
         run_clients(engine, requests, args.clients)
     finally:
         engine.close()
     state = engine.runtime.device_state
     report = {
-        "model": f"{args.model} {version.version}", "clients": args.clients, "beam": args.beam, "steps": steps[0],
+        "model": f"{args.model} {version.version}", "clients": args.clients, "beam": args.beam,
+        "at_least": args.at_least, "steps": steps[0],
         "host_feeds_mb_per_step": round(fed_bytes[0] / steps[0] / 2**20, 3),
         "io_binding_mb_per_step": round(state.uploaded_bytes / steps[0] / 2**20, 3),
         "ratio": round(fed_bytes[0] / state.uploaded_bytes, 2),
