@@ -4,8 +4,9 @@ boundary.
 The decisive comparison: a request admitted mid-flight gives what it gives alone (the windowed path, one
 request per batch), on the Transformer (appended K/V cache) and on the recurrent translator, the speech
 recognizer and the image captioner (replaced state; the speller's along the source axis too), with greedy,
-beam and sampled search, streamed or not, next to a request that is cancelled or whose deadline passes.
-Late arrivals are made late by the running request's own token callback, not by sleeping.
+beam and sampled search, streamed or not, next to a request that is cancelled or whose deadline passes;
+with the decoder fed host arrays and with IO binding (the decoder state kept in device copies). Late arrivals
+are made late by the running request's own token callback, not by sleeping.
 """
 
 from __future__ import annotations
@@ -137,11 +138,18 @@ def architecture(kind, repos, runtime=RuntimeOptions()):
     return (*engines(repo, name, runtime=runtime), lambda i, **kw: text(name, i, **kw))
 
 
-@pytest.fixture(params=ARCHITECTURES)
+# How the continuous engine feeds its decoder: host arrays at every step, or IO binding (server/device_state.py,
+# the CUDA default) keeping the encoder K/V and K/V cache in device copies, here on the CPU provider.
+FEEDS = {"host feeds": RuntimeOptions(), "io binding": RuntimeOptions(io_binding=True)}
+
+
+@pytest.fixture(params=[(kind, feeds) for kind in ARCHITECTURES for feeds in FEEDS],
+                ids=lambda param: "-".join(param))
 def model(request, tiny_model_repo, tiny_speech_repo, recurrent_repo, image_repo):
-    """(continuous engine, windowed one-at-a-time engine, request maker) of each architecture."""
-    continuous, alone, make = architecture(request.param, (tiny_model_repo, tiny_speech_repo, recurrent_repo,
-                                                           image_repo))
+    """(continuous engine, plain one-at-a-time engine, request maker) of each architecture, fed both ways."""
+    kind, feeds = request.param
+    continuous, alone, make = architecture(kind, (tiny_model_repo, tiny_speech_repo, recurrent_repo, image_repo),
+                                           FEEDS[feeds])
     yield continuous, alone, make
     continuous.close()
     alone.close()

@@ -3,8 +3,10 @@
 On the CPU provider the "device" is host memory, but every device copy is still a copy of its own, so a copy
 the runtime failed to refresh would show. The decisive comparison: an engine with IO binding, under
 continuous batching (rows joining, leaving, beams copied, buffers grown), gives what the plain engine gives
-one request at a time, on every architecture; and it really keeps the big inputs resident: the encoder K/V
-and the K/V cache are copied in once, not at every step.
+one request at a time (on every architecture, with every search: test_continuous_batching.py runs its
+mid-flight comparisons both ways; here the cases it does not reach: buffers reallocated, rows written into
+finished rows' slots, source axes cut, failed steps); and it really keeps the big inputs resident: the
+encoder K/V and the K/V cache are copied in once, not at every step.
 """
 
 from __future__ import annotations
@@ -27,16 +29,10 @@ from attnserve.server.slots import Slots
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_MODEL_NAME
 from fakes import WAIT
-from test_continuous_batching import (  # noqa: F401  (fixtures)
-    ARCHITECTURES,
-    SEARCHES,
-    architecture,
+from test_continuous_batching import (
     assert_same,
     assert_shared_requests_equal_alone,
     engines,
-    image_repo,
-    recurrent_repo,
-    submit_after,
     text,
 )
 
@@ -57,37 +53,6 @@ def test_io_binding_is_on_for_cuda_and_off_for_the_cpu_unless_asked():
 
 def bound_and_alone(repo, name):
     return engines(repo, name, runtime=BOUND)
-
-
-# The most new tokens each tiny model allows, up to what fills a K/V buffer and has it reallocated.
-LONGEST = {"transformer": kv_cache.SPARE_SLOTS + 6, "recurrent": kv_cache.SPARE_SLOTS + 6, "speech": 12,
-           "image": 6}
-
-
-@pytest.fixture(params=ARCHITECTURES)
-def model(request, tiny_model_repo, tiny_speech_repo, recurrent_repo, image_repo):
-    """(continuous engine with IO binding, plain engine one request at a time, request maker, most tokens)."""
-    bound, alone, make = architecture(request.param, (tiny_model_repo, tiny_speech_repo, recurrent_repo,
-                                                      image_repo), BOUND)
-    yield bound, alone, make, LONGEST[request.param]
-    bound.close()
-    alone.close()
-
-
-@pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_requests_joining_a_bound_batch_mid_flight_equal_the_plain_engine_alone(model, search):
-    bound, alone, make, longest = model
-    beam, seeds = SEARCHES[search]
-    trigger = make(0, new=longest, at_least=longest)
-    late = [make(1, beam=beam, seed=seeds[0]), make(2, beam=beam, seed=seeds[1]), make(3)]
-    first, futures = submit_after(bound, trigger, late, tokens=3)
-    assert_same(first.result(WAIT), alone.generate(trigger, WAIT))
-    results = [f.result(WAIT) for f in futures]
-    for request, result in zip(late, results):
-        assert_same(result, alone.generate(request, WAIT))
-    assert max(r.timings.batch_size for r in results) >= 2
-    assert bound.runtime.device_state.uploads  # the bound path ran
-    assert bound.runtime.device_state.failed_steps == 0  # (a failed step is retried and would hide a fault)
 
 
 def test_the_cache_and_encoder_outputs_are_copied_in_once_not_every_step(tiny_model_repo):
