@@ -1,14 +1,15 @@
 """The served translator on the CUDA provider against the CPU provider, with and without IO binding: the
 same tokens, and tokens/s at batch 1, 32 and 128.
 
-    python bench/gpu_serving.py --models models --devices cpu cuda cuda-host --out gpu_serving.json  # GPU machine
+    python bench/gpu_serving.py --models models --devices cpu cuda-host cuda --out gpu_serving.json  # GPU machine
     .venv/bin/python bench/gpu_serving.py --devices cpu cpu-bound --sentences 16 --batches 1 8      # rehearsal here
 
 Every device serves the same model version through `load_engine`, as `attnserve serve --device` does (one
 intra-op thread on the CPU). A device is `cpu` or `cuda`, with IO binding as `--io-binding auto` has it (on
 for cuda: encoder K/V and K/V cache stay on the GPU between steps, server/device_state.py), or suffixed
 `-bound` (on) or `-host` (off: every input copied in at every step). Parity: `--sentences` test-split
-sentences in each direction, greedy, each device's output text compared with the first device's.
+sentences in each direction, greedy, each device's output text compared with the first device's. A device
+that fails is reported with its error, and the others still run.
 Throughput: the same sentences sent in groups of `batch` requests submitted together (continuous batching
 encodes and decodes each group as one batch), generated tokens over wall time, after one warm-up group.
 Run on the device machine by bench/gpu_serving.sh.
@@ -20,6 +21,7 @@ import argparse
 import json
 import pathlib
 import time
+import traceback
 
 from attnserve.server.batcher import BatchingOptions
 from attnserve.server.engine import load_engine
@@ -58,6 +60,27 @@ def run_all(engine, requests: list[GenerationRequest], batch: int) -> tuple[list
     return texts, tokens, time.perf_counter() - started
 
 
+def measure(version, device: str, batching: BatchingOptions, requests: list[GenerationRequest], batches: list[int],
+            outputs: dict[int, list[str]], index: int) -> dict:
+    """One device's entry: its providers, tokens/s per batch and how many outputs equal the first device's
+    (whose texts `outputs` keeps, by device index)."""
+    engine = load_engine(version, runtime_options(device), batching)
+    try:
+        run_all(engine, requests[: max(batches)], max(batches))  # warm-up: sessions, allocator, lazy state
+        entry = {"providers": engine.runtime.providers, "io_binding": engine.runtime.device_state is not None,
+                 "tokens_per_s": {}}
+        for batch in batches:
+            texts, tokens, seconds = run_all(engine, requests, batch)
+            entry["tokens_per_s"][batch] = round(tokens / seconds, 1)
+            outputs.setdefault(index, texts)
+            print(f"{device} batch {batch}: {tokens / seconds:.0f} tokens/s", flush=True)
+        if 0 in outputs:
+            entry["identical_to_first"] = f"{sum(a == b for a, b in zip(outputs[0], outputs[index]))} / {len(requests)}"
+        return entry
+    finally:
+        engine.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
@@ -65,7 +88,7 @@ def main() -> None:
     parser.add_argument("--split", type=pathlib.Path, default=pathlib.Path("data/corpus/test.tsv"))
     parser.add_argument("--sentences", type=int, default=256, help="sentences per direction")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
-    parser.add_argument("--devices", nargs="+", default=["cpu", "cuda", "cuda-host"],
+    parser.add_argument("--devices", nargs="+", default=["cpu", "cuda-host", "cuda"],
                         help="the first is the reference of the parity check")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
@@ -77,21 +100,12 @@ def main() -> None:
     report = {"model": f"{args.model} {version.version}", "requests": len(requests), "devices": {}}
     outputs = {}
     for index, device in enumerate(args.devices):
-        engine = load_engine(version, runtime_options(device), batching)
         try:
-            run_all(engine, requests[:widest], widest)  # warm-up: sessions, allocator, lazy state
-            entry = {"providers": engine.runtime.providers, "io_binding": engine.runtime.device_state is not None,
-                     "tokens_per_s": {}}
-            for batch in args.batches:
-                texts, tokens, seconds = run_all(engine, requests, batch)
-                entry["tokens_per_s"][batch] = round(tokens / seconds, 1)
-                outputs.setdefault(index, texts)
-                print(f"{device} batch {batch}: {tokens / seconds:.0f} tokens/s", flush=True)
-            same = sum(a == b for a, b in zip(outputs[0], outputs[index]))
-            entry["identical_to_first"] = f"{same} / {len(requests)}"
-            report["devices"][f"{index}:{device}"] = entry
-        finally:
-            engine.close()
+            report["devices"][f"{index}:{device}"] = measure(version, device, batching, requests, args.batches,
+                                                            outputs, index)
+        except Exception as exc:  # noqa: BLE001  (one device failing must not cost the others' figures)
+            traceback.print_exc()
+            report["devices"][f"{index}:{device}"] = {"error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -58,7 +58,7 @@ check)
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$STAGE/site" "$STAGE"/payload/*.whl
         export PYTHONPATH=$STAGE/site
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-        devices="cpu cuda cuda-host"
+        devices="cpu cuda-host cuda"
     else
         devices="cpu cpu-bound"  # rehearsal on a machine without a GPU
     fi
