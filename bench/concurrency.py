@@ -112,11 +112,11 @@ def _children(pid: int) -> list[int]:
 
 
 async def closed_loop(address: str, requests: list[GenerationRequest], clients: int, seconds: float,
-                      unary: bool = False) -> dict:
+                      unary: bool = False, stream_interval: int = 0) -> dict:
     """`clients` clients, each sending its next request when the last one ended, for `seconds`.
 
-    Streamed (`GenerateStream`, one message per token) unless `unary` (`Generate`: one message per request;
-    its first token arrives with the whole answer)."""
+    Streamed (`GenerateStream`, one message per token, or per `stream_interval` tokens after the first)
+    unless `unary` (`Generate`: one message per request; its first token arrives with the whole answer)."""
     latencies, first_tokens, tokens = [], [], 0
     stop_at = time.perf_counter() + seconds
     async with AsyncClient(address, timeout=600) as client:
@@ -133,7 +133,7 @@ async def closed_loop(address: str, requests: list[GenerationRequest], clients: 
                     tokens += len(result.tokens)
                     first = time.perf_counter() - sent
                 else:
-                    async for event in client.stream(request):
+                    async for event in client.stream(request, stream_interval=stream_interval):
                         if first is None:
                             first = time.perf_counter() - sent
                         if isinstance(event, GenerationResult):
@@ -217,6 +217,9 @@ def main() -> None:
     parser.add_argument("--unary", action="store_true",
                         help="also run each level with unary clients (`Generate`) against the batched servers: "
                              "`batched/unary` (and `process/unary`)")
+    parser.add_argument("--stream-interval", type=int, default=0,
+                        help="also run the batched servers with streaming clients that take their tokens this many "
+                             "at a time (GenerateRequest.stream_interval); 0 = not")
     parser.add_argument("--paired-requests", type=int, default=200,
                         help="requests sent one at a time in process, unary and streamed (grpc_over_in_process)")
     parser.add_argument("--out", type=pathlib.Path)
@@ -235,11 +238,15 @@ def main() -> None:
         servers["held"] = ServerProcess(args.models, [*only, "--admission-hold-steps", str(args.hold_steps)])
     if args.engine_process:
         servers["process"] = ServerProcess(args.models, [*only, "--engine-process"])
-    # Each run: (level name, server, unary clients?).
-    runs = [(name, server, False) for name, server in servers.items()]
+    # Each run: (level name, server, unary clients?, stream interval).
+    runs = [(name, server, False, 0) for name, server in servers.items()]
+    batched = [name for name in ("batched", "process") if name in servers]
     if args.unary:
-        runs += [(f"{name}/unary", servers[name], True) for name in ("batched", "process") if name in servers]
-    levels: dict[str, dict[int, dict]] = {name: {} for name, _, _ in runs}
+        runs += [(f"{name}/unary", servers[name], True, 0) for name in batched]
+    if args.stream_interval:
+        runs += [(f"{name}/interval {args.stream_interval}", servers[name], False, args.stream_interval)
+                 for name in batched]
+    levels: dict[str, dict[int, dict]] = {name: {} for name, *_ in runs}
     try:
         for server in servers.values():  # warm-up: the first requests load lazily-built state
             asyncio.run(closed_loop(server.address, requests, 4, 2.0))
@@ -247,9 +254,9 @@ def main() -> None:
                                                       args.paired_requests))
                   for name in ("batched", "process") if name in servers}
         for clients in args.clients:
-            for name, server, unary in runs:
+            for name, server, unary, interval in runs:
                 levels[name][clients] = asyncio.run(
-                    closed_loop(server.address, requests, clients, args.seconds, unary))
+                    closed_loop(server.address, requests, clients, args.seconds, unary, interval))
                 print(name, clients, json.dumps({k: round(v, 1) for k, v in levels[name][clients].items()}),
                       flush=True)
         rss = {name: server.peak_rss_mb() for name, server in servers.items()}

@@ -295,10 +295,19 @@ def _explanation_from_proto(msg: pb.AttentionExplanation) -> gen.AttentionExplan
 
 
 def token_event_to_proto(event: gen.StreamedToken) -> pb.GenerateStreamResponse:
-    return pb.GenerateStreamResponse(
-        token=pb.TokenEvent(
-            index=event.index, token=token_to_proto(event.token), attention=event.attention or [], text=event.text
-        )
+    return pb.GenerateStreamResponse(token=_token_event(event))
+
+
+def token_events_to_proto(events: list[gen.StreamedToken]) -> pb.GenerateStreamResponse:
+    """One stream message for consecutive tokens: a TokenEvent for one, a TokenBatch for more."""
+    if len(events) == 1:
+        return token_event_to_proto(events[0])
+    return pb.GenerateStreamResponse(tokens=pb.TokenBatch(tokens=[_token_event(e) for e in events]))
+
+
+def _token_event(event: gen.StreamedToken) -> pb.TokenEvent:
+    return pb.TokenEvent(
+        index=event.index, token=token_to_proto(event.token), attention=event.attention or [], text=event.text
     )
 
 
@@ -306,22 +315,26 @@ def final_to_proto(result: gen.GenerationResult) -> pb.GenerateStreamResponse:
     return pb.GenerateStreamResponse(response=result_to_proto(result))
 
 
-def stream_event_from_proto(msg: pb.GenerateStreamResponse) -> gen.StreamedToken | gen.GenerationResult:
-    """Converts one stream message to a `StreamedToken` or, for the final message, the result.
+def stream_events_from_proto(msg: pb.GenerateStreamResponse) -> list[gen.StreamedToken] | gen.GenerationResult:
+    """Converts one stream message to its `StreamedToken`s (one, or a batch's) or, for the final message, the
+    result.
 
     Raises:
-        ValueError: the message carries neither.
+        ValueError: the message carries none of them.
     """
     kind = msg.WhichOneof("event")
     if kind == "token":
-        event = msg.token
-        # A row always has a column for the source's EOS, so an empty one means none was sent.
-        return gen.StreamedToken(
-            event.index, token_from_proto(event.token), list(event.attention) or None, event.text
-        )
+        return [_streamed_token(msg.token)]
+    if kind == "tokens":
+        return [_streamed_token(event) for event in msg.tokens.tokens]
     if kind == "response":
         return result_from_proto(msg.response)
-    raise ValueError("stream message carries neither a token nor a response")
+    raise ValueError("stream message carries neither tokens nor a response")
+
+
+def _streamed_token(event: pb.TokenEvent) -> gen.StreamedToken:
+    # A row always has a column for the source's EOS, so an empty one means none was sent.
+    return gen.StreamedToken(event.index, token_from_proto(event.token), list(event.attention) or None, event.text)
 
 
 # ---- models ------------------------------------------------------------------------------------------

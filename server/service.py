@@ -28,6 +28,9 @@ from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
+# The most tokens a GenerateStream message may batch (GenerateRequest.stream_interval).
+MAX_STREAM_INTERVAL = 256
+
 
 class Engine(Protocol):
     """What the servicer needs from a model engine (see server/engine.py)."""
@@ -80,13 +83,17 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
         deadline = _deadline(context)
         with self._drain.track(), self._counted(request, "GenerateStream", context) as access:
+            if request.stream_interval > MAX_STREAM_INTERVAL:
+                raise ValueError(
+                    f"stream_interval {request.stream_interval} is out of range: use 0..{MAX_STREAM_INTERVAL}"
+                )
             engine, gen_request = self._prepare(request)
             stream = _TokenStream(asyncio.get_running_loop())
             async with _submitted(engine, gen_request, stream.on_token) as future:
                 # Runs on the worker thread after its last on_token call, so the end marker queues last.
                 future.add_done_callback(stream.finish)
-                async for event in stream.events(deadline):
-                    yield convert.token_event_to_proto(event)
+                async for events in stream.groups(deadline, request.stream_interval):
+                    yield convert.token_events_to_proto(events)
                 result = await _result(future, deadline)
             access.tokens = len(result.tokens)
         metrics.observe_result(result)
@@ -224,6 +231,18 @@ class _TokenStream:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:
             pass  # the loop is closed: the server is gone and nobody reads this stream; the worker goes on
+
+    async def groups(self, deadline: float | None, interval: int) -> AsyncIterator[list[generation.StreamedToken]]:
+        """Yields the tokens in groups: the first alone, then `interval` at a time (the last group may be
+        shorter), until the engine finishes. Raises TimeoutError as `events` does."""
+        group, size = [], 1
+        async for event in self.events(deadline):
+            group.append(event)
+            if len(group) == size:
+                yield group
+                group, size = [], max(interval, 1)
+        if group:
+            yield group
 
     async def events(self, deadline: float | None) -> AsyncIterator[generation.StreamedToken]:
         """Yields the tokens until the engine finishes.

@@ -257,7 +257,7 @@ def test_unknown_granularity_is_a_value_error():
 @pytest.mark.parametrize("attention", [[0.5, 0.25], None])
 def test_streamed_token_round_trips(attention):
     event = StreamedToken(3, generation.Token("▁a", 7, -0.5), attention)
-    assert convert.stream_event_from_proto(convert.token_event_to_proto(event)) == event
+    assert convert.stream_events_from_proto(convert.token_event_to_proto(event)) == [event]
 
 
 # ---- the real engine -----------------------------------------------------------------------------------
@@ -289,3 +289,26 @@ def test_real_stream_is_the_unary_result_with_its_rows(tiny_client):
     assert dataclasses.replace(result, timings=None) == dataclasses.replace(unary, timings=None)
     assert tokens and [t.token for t in tokens] == unary.tokens
     np.testing.assert_allclose([t.attention for t in tokens], unary.attention.weights, atol=1e-6)
+
+
+@pytest.mark.parametrize("interval", [0, 3])
+def test_real_stream_in_batches_yields_the_same_tokens_one_by_one(tiny_server, interval, monkeypatch):
+    background, _ = tiny_server
+    request = translation_request("知識就是力量。", attention=True, granularity="pieces", model="tiny-translate")
+    messages, from_proto = [], convert.stream_events_from_proto
+    monkeypatch.setattr(convert, "stream_events_from_proto", lambda m: messages.append(m) or from_proto(m))
+
+    async def batched_async():
+        async with AsyncClient(background.address, timeout=WAIT) as client:
+            return [event async for event in client.stream(request, stream_interval=interval)]
+
+    with Client(background.address, timeout=WAIT) as client:
+        one_by_one = list(client.stream(request))
+        sent = len(messages)
+        assert len(one_by_one) > 4  # tokens enough to batch
+        batched = list(client.stream(request, stream_interval=interval))
+    assert len(messages) - sent == (len(one_by_one) if interval == 0 else 2 + -(-(len(one_by_one) - 2) // interval))
+    for streamed in (batched, asyncio.run(batched_async())):
+        assert [t.token for t in streamed[:-1]] == [t.token for t in one_by_one[:-1]]
+        np.testing.assert_allclose([t.attention for t in streamed[:-1]], [t.attention for t in one_by_one[:-1]])
+        assert dataclasses.replace(streamed[-1], timings=None) == dataclasses.replace(one_by_one[-1], timings=None)

@@ -460,6 +460,30 @@ def test_real_stream_equals_unary(real_server, beam_size, granularity):
     np.testing.assert_allclose([e.token.attention for e in events], _rows(pieces), atol=1e-6)
 
 
+@pytest.mark.parametrize("interval", [2, 3, 256])
+def test_real_stream_batched_by_stream_interval_carries_the_same_tokens_in_fewer_messages(real_server, interval):
+    stub, _ = real_server
+    decoding = pb.DecodingOptions(max_new_tokens=11, min_new_tokens=11)
+    request = _tiny_request(decoding=decoding, attention=with_attention(layer=0))
+    one_by_one = list(stub.GenerateStream(request, timeout=WAIT))
+    request.stream_interval = interval
+    *messages, final = list(stub.GenerateStream(request, timeout=WAIT))
+    # The first token alone, then `interval` at a time, the last batch shorter.
+    sizes = [1 if m.WhichOneof("event") == "token" else len(m.tokens.tokens) for m in messages]
+    assert sizes == [1, *[min(interval, 10 - i) for i in range(0, 10, interval)]]
+    assert [m.WhichOneof("event") for m in messages[1:]] == ["tokens" if n > 1 else "token" for n in sizes[1:]]
+    batched = [e for m in messages for e in ([m.token] if m.WhichOneof("event") == "token" else m.tokens.tokens)]
+    assert batched == [m.token for m in one_by_one[:-1]]
+    assert _without_timings(final.response) == _without_timings(one_by_one[-1].response)
+
+
+def test_a_stream_interval_past_its_limit_is_invalid_argument(real_server):
+    stub, _ = real_server
+    error = status_of(stub.GenerateStream, _tiny_request(stream_interval=257), timeout=WAIT)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "stream_interval 257 is out of range: use 0..256" in error.details()
+
+
 def test_real_stream_has_no_rows_without_attention(real_server):
     stub, _ = real_server
     *events, final = list(stub.GenerateStream(_tiny_request(), timeout=WAIT))
