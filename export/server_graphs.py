@@ -33,7 +33,7 @@ SERVER = pathlib.Path(__file__).resolve().parents[1] / "server"
 
 def log_softmax() -> onnx.ModelProto:
     return _model(
-        "log_softmax", helper.make_node("LogSoftmax", ["scores"], ["log_probs"], axis=-1),
+        "log_softmax", [helper.make_node("LogSoftmax", ["scores"], ["log_probs"], axis=-1)],
         [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["rows", "vocabulary"])],
         [helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, ["rows", "vocabulary"])],
     )
@@ -41,7 +41,7 @@ def log_softmax() -> onnx.ModelProto:
 
 def cache_append() -> onnx.ModelProto:
     return _model(
-        "cache_append", helper.make_node("Where", ["slot", "new", "past"], ["updated"]),
+        "cache_append", [helper.make_node("Where", ["slot", "new", "past"], ["updated"])],
         [helper.make_tensor_value_info("slot", TensorProto.BOOL, None),
          helper.make_tensor_value_info("new", TensorProto.FLOAT, None),
          helper.make_tensor_value_info("past", TensorProto.FLOAT, None)],
@@ -51,7 +51,7 @@ def cache_append() -> onnx.ModelProto:
 
 def write_rows() -> onnx.ModelProto:
     return _model(
-        "write_rows", helper.make_node("ScatterND", ["data", "rows", "values"], ["updated"]),
+        "write_rows", [helper.make_node("ScatterND", ["data", "rows", "values"], ["updated"])],
         [helper.make_tensor_value_info("data", TensorProto.FLOAT, None),
          helper.make_tensor_value_info("rows", TensorProto.INT64, ["rows", 2]),
          helper.make_tensor_value_info("values", TensorProto.FLOAT, None)],
@@ -90,8 +90,8 @@ GRAPHS = {"log_softmax.onnx": log_softmax, "cache_append.onnx": cache_append, "w
           "grow_cache.onnx": grow_cache, "copy_rows.onnx": copy_rows}
 
 
-def _model(name: str, nodes: onnx.NodeProto | list[onnx.NodeProto], inputs: list, outputs: list) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes if isinstance(nodes, list) else [nodes], name, inputs, outputs)
+def _model(name: str, nodes: list[onnx.NodeProto], inputs: list, outputs: list) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, inputs, outputs)
     # IR 8 / opset 17: what the pinned onnxruntime reads (the exporters' graphs use the same opset).
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
                              producer_name="attnserve")
