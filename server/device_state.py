@@ -219,9 +219,10 @@ class DeviceState:
         slot_shape[axis] = shape[axis]
         slot = np.zeros(slot_shape, dtype=bool)
         slot.reshape(-1)[position] = True
-        padded = np.zeros((shape[0], shape[1], *np.take(new[0], [0], axis=axis - 1).shape[1:]), dtype=np.float32)
+        new = [np.take(x, [0], axis=axis - 1) for x in new]  # each output's first slot, if it has more
+        padded = np.zeros((shape[0], shape[1], *new[0].shape[1:]), dtype=np.float32)
         for index, x in enumerate(new):
-            padded[index, : len(x)] = np.take(x, [0], axis=axis - 1)
+            padded[index, : len(x)] = x
         return self._run_on_device(self._append, {"slot": slot, "new": padded}, "past", stack.value)
 
     def _run_on_device(self, session: ort.InferenceSession, host: Mapping[str, np.ndarray], name: str,
