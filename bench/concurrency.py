@@ -11,13 +11,15 @@ batching) and `unbatched` with `--max-rows 1` (one request decodes at a time); w
 engine in a child process (`--engine-process`). This process is the clients: at each concurrency level N, N
 asyncio clients each send a request (real test-split sentences, both directions, greedy, no attention) over
 `GenerateStream`, wait for its end, and send the next, for `--seconds`; with `--unary`, each level runs again
-against the batched servers with clients that call `Generate` (one message per request instead of one per
-token): `batched/unary`, `process/unary`. The levels alternate between the servers so that a slow spell on a
+against the batched and unbatched servers with clients that call `Generate` (one message per request instead
+of one per token): `batched/unary`, `unbatched/unary`, `process/unary`. The levels alternate between the servers so that a slow spell on a
 shared machine hits all. Reported per server and level: requests/s, generated
 tokens/s, latency p50/p95/p99 and time to first token p50/p95 (both from the client's send), and the server's
 peak RSS (its engine processes' included).
 
-Also reported: `batching_gain` (batched / unbatched tokens/s at each level), and from `--paired-requests`
+Also reported: `batching_gain` (batched / unbatched tokens/s at each level; with `--unary`, also
+`batching_gain_unary`, the same with unary clients on both sides, which leaves out the per-token messages'
+cost), and from `--paired-requests`
 requests sent one at a time, each in turn through `ModelEngine.generate` in this process, unary `Generate` and
 `GenerateStream` to the batched server: `grpc_over_in_process` (unary median latency / in-process median
 latency: what the server adds to a lone request) and `grpc_stream_over_in_process` (the same, streamed); under
@@ -188,14 +190,23 @@ async def paired_latency_ms(address: str, models: pathlib.Path, model: str, requ
     return {way: 1e3 * statistics.median(xs) for way, xs in times.items()}
 
 
-def single_request_report(single: dict, batched: dict, unbatched: dict) -> dict:
-    """One batched server's lone-request latencies and its batching gain at each level."""
-    return {
+def batching_gain(batched: dict, unbatched: dict) -> dict:
+    """Batched / unbatched tokens/s at each level."""
+    return {c: batched[c]["tokens_per_s"] / unbatched[c]["tokens_per_s"] for c in batched}
+
+
+def single_request_report(single: dict, levels: dict, server: str) -> dict:
+    """One batched server's lone-request latencies and its batching gain at each level (`levels`: every
+    run's levels, `server`: the batched server's name there)."""
+    report = {
         "single_request_latency_p50_ms": single,
-        "batching_gain": {c: batched[c]["tokens_per_s"] / unbatched[c]["tokens_per_s"] for c in batched},
+        "batching_gain": batching_gain(levels[server], levels["unbatched"]),
         "grpc_over_in_process": single["grpc_unary"] / single["in_process"],
         "grpc_stream_over_in_process": single["grpc_stream"] / single["in_process"],
     }
+    if f"{server}/unary" in levels:
+        report["batching_gain_unary"] = batching_gain(levels[f"{server}/unary"], levels["unbatched/unary"])
+    return report
 
 
 def main() -> None:
@@ -242,7 +253,7 @@ def main() -> None:
     runs = [(name, server, False, 0) for name, server in servers.items()]
     batched = [name for name in ("batched", "process") if name in servers]
     if args.unary:
-        runs += [(f"{name}/unary", servers[name], True, 0) for name in batched]
+        runs += [(f"{name}/unary", servers[name], True, 0) for name in [*batched, "unbatched"]]
     if args.stream_interval:
         runs += [(f"{name}/interval {args.stream_interval}", servers[name], False, args.stream_interval)
                  for name in batched]
@@ -269,10 +280,10 @@ def main() -> None:
         "levels": levels,
         "server_peak_rss_mb": rss,
         "servers_load": "every model" if args.all_models else args.model,
-        **single_request_report(single["batched"], levels["batched"], levels["unbatched"]),
+        **single_request_report(single["batched"], levels, "batched"),
     }
     if "process" in single:
-        report["process"] = single_request_report(single["process"], levels["process"], levels["unbatched"])
+        report["process"] = single_request_report(single["process"], levels, "process")
     print(json.dumps(report, indent=2))
     print("\n| server | clients | tokens/s | requests/s | p50 / p95 / p99 latency | first token p50 / p95 |")
     print("|---|---|---|---|---|---|")
