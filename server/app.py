@@ -295,7 +295,7 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         max_attention_values=options.max_attention_values,
         max_beam_size=options.max_beam_size,
         continuous=SchedulingOptions(options.max_rows, options.fair_share_row_steps, options.admission_hold_steps,
-                                     overlap_encoding=options.overlap_encoding)
+                                     overlap_encoding=options.overlap_encoding, length_split=options.length_split)
         if options.batching == "continuous"
         else None,
     )

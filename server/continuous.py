@@ -2,10 +2,11 @@
 
 The default worker loop (`BatchingOptions.continuous`; None there selects server/batcher.py's windowed
 batches instead). Each round: take what fits from the queue (waiting only when nothing runs, and then only
-for a first request, never for a window), encode the newcomers together (one group per beam size and
-source length bucket) and merge them into the foreground lane, then take one decoder step in each lane
-(server/lane.py; which lanes and who is admitted is server/scheduler.py's policy). Every request is answered in the step it finishes,
-fails or is cancelled; its rows leave at the next step.
+for a first request, never for a window), encode the newcomers together (an encoder call per beam size and
+source length bucket) and merge each bucket, as a group, into the foreground (or, for much longer sources,
+the foreground's second lane), then take one decoder step in each lane (server/lane.py; which lanes and who
+is admitted is server/scheduler.py's policy). Every request is answered in the step it finishes, fails or
+is cancelled; its rows leave at the next step.
 
 Newcomers admitted while a batch runs are encoded on a second thread during the batch's next step (ONNX
 Runtime releases the GIL), and join at the first step boundary after their encoding ends; their rows count
@@ -62,23 +63,20 @@ def length_buckets(lengths: Sequence[int]) -> list[slice]:
     return buckets
 
 
-def encode_in_buckets(engine: ModelEngine, sources: Sequence[Source]) -> Batch:
-    """One batch of the sources (ascending by length), encoded one length bucket at a time."""
-    batches = [
-        Batch.build(engine.manifest, engine.runtime, engine.preprocessor.collate(sources[bucket]), engine.language_model)
+def encode_in_buckets(engine: ModelEngine, sources: Sequence[Source]) -> list[tuple[slice, Batch]]:
+    """The sources (ascending by length) encoded one length bucket at a time: each bucket's slice of
+    `sources` and its batch. Each joins as a group of its own, so a long bucket can decode apart."""
+    return [
+        (bucket, Batch.build(engine.manifest, engine.runtime, engine.preprocessor.collate(sources[bucket]),
+                             engine.language_model))
         for bucket in length_buckets([s.length for s in sources])
     ]
-    budgets = [b.length_budget for b in batches]
-    batch = batches[0]
-    batch.merge(*batches[1:])
-    batch.length_budget = None if budgets[0] is None else np.concatenate(budgets)
-    return batch
 
 
-def _encode(engine: ModelEngine, sources: Sequence[Source]) -> tuple[Batch, float]:
-    """The sources' batch (`encode_in_buckets`) and when its encoding ended."""
-    batch = encode_in_buckets(engine, sources)
-    return batch, time.perf_counter()
+def _encode(engine: ModelEngine, sources: Sequence[Source]) -> tuple[list[tuple[slice, Batch]], float]:
+    """The sources' buckets (`encode_in_buckets`) and when their encoding ended."""
+    buckets = encode_in_buckets(engine, sources)
+    return buckets, time.perf_counter()
 
 
 @dataclasses.dataclass(eq=False)
@@ -122,7 +120,8 @@ class ContinuousLoop:
 
     def run(self, batcher: Batcher) -> None:
         """Serves the batcher's queue until it is closed and everything admitted has finished."""
-        self.scheduler = Scheduler(batcher.options.continuous, batcher.options.max_batch_size)
+        self.scheduler = Scheduler(batcher.options.continuous, batcher.options.max_batch_size,
+                                   self._engine.runtime.decoder_bytes)
         try:
             while self._round(self.scheduler, batcher):
                 pass
@@ -147,6 +146,7 @@ class ContinuousLoop:
             if items is None and not scheduler.running:
                 return False
             self._admit(items or [], scheduler, batcher)
+            scheduler.balance_lengths()
             # One decoder step per lane; each request is answered in the step it finishes.
             for lane in scheduler.lanes():
                 self._step(lane, batcher)
@@ -159,8 +159,8 @@ class ContinuousLoop:
         return True
 
     def _admit(self, items: list[WorkItem], scheduler: Scheduler, batcher: Batcher) -> None:
-        """Encodes newcomers together (one group per beam size, in length buckets) and merges them into the
-        foreground lane; while a batch runs, on the encoder thread (SchedulingOptions.overlap_encoding), and
+        """Encodes newcomers together (one group per beam size and length bucket) and merges them into the
+        foreground's lanes; while a batch runs, on the encoder thread (SchedulingOptions.overlap_encoding), and
         they join at the next round."""
         from attnserve.server.engine import _Clock  # the engine's, so results time both paths alike
 
@@ -187,11 +187,11 @@ class ContinuousLoop:
                 scheduler.encoding_rows += rows
                 continue
             try:
-                batch, clock.encoded = _encode(engine, sources)
+                buckets, clock.encoded = _encode(engine, sources)
             except Exception as exc:
                 self._admission_failed(members, batcher, exc)
                 continue
-            self._join(members, clock, batch, scheduler.foreground, batcher)
+            self._join(members, clock, buckets, scheduler, batcher)
 
     def _join_encoded(self, scheduler: Scheduler, batcher: Batcher, wait: bool) -> None:
         """Merges the newcomers whose encoding has finished (with `wait`, all of them) into the foreground."""
@@ -199,21 +199,27 @@ class ContinuousLoop:
             encoding = self._encoding.popleft()
             scheduler.encoding_rows -= encoding.rows
             try:
-                batch, encoding.clock.encoded = encoding.future.result()
+                buckets, encoding.clock.encoded = encoding.future.result()
             except Exception as exc:
                 self._admission_failed(encoding.members, batcher, exc)
                 continue
-            self._join(encoding.members, encoding.clock, batch, scheduler.foreground, batcher)
+            self._join(encoding.members, encoding.clock, buckets, scheduler, batcher)
 
-    def _join(self, members: list[WorkItem], clock: _Clock, batch: Batch, lane: Lane, batcher: Batcher) -> None:
-        """Starts the newcomers' search on their encoded batch and merges it into the lane."""
-        try:
-            prepared = [item.payload for item in members]
-            strategy = make_strategy(prepared, self._engine.manifest.special_tokens.eos, batch.length_budget)
-            streaming = np.array([item.on_token is not None for item in members])
-            lane.add(batch, strategy, Cohort(members, clock, streaming, [[] for _ in members]))
-        except Exception as exc:
-            self._admission_failed(members, batcher, exc)
+    def _join(self, members: list[WorkItem], clock: _Clock, buckets: list[tuple[slice, Batch]],
+              scheduler: Scheduler, batcher: Batcher) -> None:
+        """Starts the newcomers' search, one group per length bucket, and merges each into the lane the
+        scheduler picks for its sources' length."""
+        for bucket, batch in buckets:
+            cohort = members[bucket]
+            try:
+                prepared = [item.payload for item in cohort]
+                strategy = make_strategy(prepared, self._engine.manifest.special_tokens.eos, batch.length_budget)
+                streaming = np.array([item.on_token is not None for item in cohort])
+                rows = sum(p.beam_size for p in prepared)
+                lane = scheduler.lane_for(batch.source_width, rows, batch.slots.position_bytes)
+                lane.add(batch, strategy, Cohort(cohort, clock, streaming, [[] for _ in cohort]))
+            except Exception as exc:
+                self._admission_failed(cohort, batcher, exc)
 
     @staticmethod
     def _admission_failed(members: list[WorkItem], batcher: Batcher, exc: Exception) -> None:

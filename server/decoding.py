@@ -347,8 +347,12 @@ class Batch:
         self.select(np.setdiff1d(np.arange(len(self)), rows))
         return other
 
+    @property
+    def source_width(self) -> int:
+        """Source positions the rows need: the longest row's (0 without rows)."""
+        return self._width()
+
     def _width(self) -> int:
-        """Source positions the rows need: the longest row's."""
         return int(self.source_lengths.max()) if len(self) else 0
 
     def _regather(self, slots: np.ndarray, spare: bool = False) -> None:

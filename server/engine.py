@@ -309,7 +309,7 @@ class ModelEngine:
         Exact on the worker thread (e.g. in a token callback); a recent value from any other.
         """
         scheduler = self._continuous and self._continuous.scheduler
-        return 0 if not scheduler else scheduler.foreground.rows + scheduler.background.rows
+        return 0 if not scheduler else scheduler.rows
 
     def queued(self) -> int:
         """Requests waiting for a batch."""

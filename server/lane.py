@@ -44,6 +44,38 @@ class Lane:
     def __bool__(self) -> bool:
         return bool(self.groups)
 
+    @property
+    def width(self) -> int:
+        """Source positions its rows need (the longest row's source); 0 when empty."""
+        return self.batch.source_width if self.groups else 0
+
+    @property
+    def position_bytes(self) -> int:
+        """What its decoder call reads per row and source position (0 when empty)."""
+        return self.batch.slots.position_bytes if self.groups else 0
+
+    def group_widths(self) -> list[int]:
+        """Each group's longest source, in group order."""
+        widths, start = [], 0
+        for g in self.groups:
+            widths.append(int(self.batch.source_lengths[start : start + g.rows].max(initial=0)))
+            start += g.rows
+        return widths
+
+    def move(self, group: Group, other: Lane) -> None:
+        """Moves a group and its rows to another lane."""
+        other.attach(self.detach(group), group)
+
+    def absorb(self, other: Lane) -> None:
+        """Takes every group of another lane, after its own, leaving that one empty."""
+        groups, batch = other.groups, other.batch
+        other.groups, other.batch = [], None
+        if not self.groups:
+            self.batch, batch.max_rows = batch, self.max_rows
+        else:
+            self.batch.merge(batch)
+        self.groups += groups
+
     def add(self, batch: Batch, strategy: DecodeStrategy, tag: Any) -> Group:
         """Starts `strategy` on a freshly encoded batch (one row per request) and merges it in."""
         selection = strategy.start()

@@ -115,6 +115,12 @@ class Runtime:
             self.device_state = DeviceState(self._decoder, self._decoder_outputs, options.device, options.device_id)
 
     @property
+    def decoder_bytes(self) -> int:
+        """The decoder graph's size: about what one decoder call reads of weights (the scheduler's measure of
+        what one more call costs)."""
+        return self.decoder_signature.path.stat().st_size
+
+    @property
     def providers(self) -> list[str]:
         """Providers the decoder session actually runs on."""
         return self._decoder.get_providers()

@@ -44,6 +44,8 @@ class ServeOptions:
     admission_hold_steps: int = 0  # continuous batching: steps a few queued requests may wait for company
     # Continuous batching: encode requests admitted mid-flight on a second thread while the batch steps.
     overlap_encoding: bool = True
+    # Continuous batching: decode requests of much longer sources in a second lane when padding costs more.
+    length_split: bool = True
     # Run each model's engine in a child process, so that the gRPC loop and the decode loop share no GIL.
     engine_process: bool = False
     metrics_port: int | None = None  # serve Prometheus /metrics over HTTP; None = don't
@@ -180,6 +182,12 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         dict(action="store_false", help="--batching continuous: encode requests admitted mid-flight on the "
              "decode thread, between steps (the running rows wait for it), instead of on a second thread "
              "while the batch takes its next step"),
+    ),
+    "--no-length-split": (
+        "length_split",
+        dict(action="store_false", help="--batching continuous: pad every running row to the longest source "
+             "instead of decoding requests of much longer sources in a second decoder call when the padding "
+             "would cost more than that call"),
     ),
     "--engine-process": (
         "engine_process",

@@ -66,6 +66,16 @@ class Slots:
         spec = self._manifest.static[0]
         return self.static[spec.target].shape[spec.source_axis]
 
+    @property
+    def position_bytes(self) -> int:
+        """Bytes the decoder reads per slot and source position at every step (the static and replaced tensors
+        with a source axis): what padding a row by one position costs."""
+        total = 0
+        for _, spec, x in self._tensors():
+            if spec.source_axis is not None and x.shape[spec.batch_axis] and x.shape[spec.source_axis]:
+                total += x.nbytes // (x.shape[spec.batch_axis] * x.shape[spec.source_axis])
+        return total
+
     @classmethod
     def gather(cls, manifest: Manifest, parts: Sequence[tuple[Slots, np.ndarray]], width: int,
                spare: bool = False, max_rows: int | None = None) -> Slots:

@@ -161,6 +161,7 @@ class RecordingRuntime:
     def __init__(self, runtime, source_mask: str):
         self.runtime = runtime
         self.variant = runtime.variant
+        self.decoder_bytes = runtime.decoder_bytes
         self.source_mask = source_mask  # the decoder input that carries the encoder's attention mask
         self.steps: list[list[int]] = []
         self.hold: dict[int, threading.Event] = {}

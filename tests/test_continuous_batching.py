@@ -123,19 +123,20 @@ def image_repo(tmp_path_factory):
 ARCHITECTURES = ["transformer", "recurrent", "speech", "image"]
 
 
-def architecture(kind, repos, runtime=RuntimeOptions()):
-    """(continuous engine on `runtime`, plain one-at-a-time engine, request maker) of one architecture.
+def architecture(kind, repos, runtime=RuntimeOptions(), options=CONTINUOUS):
+    """(engine batching with `options` on `runtime`, plain one-at-a-time engine, request maker) of one
+    architecture.
 
     Args:
         repos: the tiny_model_repo, tiny_speech_repo, recurrent_repo and image_repo fixtures.
     """
     tiny_model_repo, tiny_speech_repo, recurrent_repo, image_repo = repos
     if kind == "speech":
-        return (*engines(tiny_speech_repo, TINY_SPEECH_NAME, runtime=runtime), speech)
+        return (*engines(tiny_speech_repo, TINY_SPEECH_NAME, options, runtime), speech)
     if kind == "image":
-        return (*engines(*image_repo, runtime=runtime), image)
+        return (*engines(*image_repo, options, runtime), image)
     repo, name = (tiny_model_repo, TINY_MODEL_NAME) if kind == "transformer" else recurrent_repo
-    return (*engines(repo, name, runtime=runtime), lambda i, **kw: text(name, i, **kw))
+    return (*engines(repo, name, options, runtime), lambda i, **kw: text(name, i, **kw))
 
 
 # How the continuous engine feeds its decoder: host arrays at every step, or IO binding (server/device_state.py,
