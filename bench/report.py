@@ -14,7 +14,9 @@ everywhere; each benchmark alternates what it compares internally, so a slow spe
    int8 variant (quantized into a temporary copy of the model), PyTorch eager with and without its cache,
    batch 1 and 32;
 3. bench/step_positions.py: the decoder step at positions 10, 100 and 200, batch 1 and 32;
-4. bench/engine_time.py: where an in-process engine's time goes under 32 clients (the largest gap's profile).
+4. bench/engine_time.py: where an in-process engine's time goes under 32 clients (the largest gap's profile);
+5. bench/length_split.py: the same sentences submitted at once with long sources decoding apart and without,
+   float32 and int8.
 Each writes its JSON into --out; this script adds `results.json` (all of them and the targets), `report.md`
 (the tables) and `throughput.png` (tokens/s by clients, with CTranslate2's batch-32 rates as lines).
 """
@@ -28,6 +30,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+import length_split  # bench/, beside this script
 
 BENCH = pathlib.Path(__file__).resolve().parent
 
@@ -134,6 +138,7 @@ def markdown(results: dict) -> str:
               "batch steps, so the shares add up to more than 100%):", "",
               "| operation | share of wall time | ms per call |", "|---|---|---|"]
     lines += [f"| `{name}` | {r['share_of_wall']:.1%} | {r['ms_per_call']} |" for name, r in engine["operations"].items()]
+    lines += ["", *length_split.table(results["length_split"])]
     return "\n".join(lines) + "\n"
 
 
@@ -186,11 +191,13 @@ def main() -> None:
         int8 = int8_copy(args.models, args.model, pathlib.Path(tmp))
         run("ctranslate2_compare.py", *common, *sentences, "--repeats", str(args.repeats), "--int8-models", str(int8),
             "--out", str(args.out / "same_weights.json"))
+        run("length_split.py", *common, *sentences, "--repeats", str(2 * args.repeats), "--int8-models", str(int8),
+            "--out", str(args.out / "length_split.json"))
     run("step_positions.py", *common, "--repeats", str(args.repeats), "--out", str(args.out / "step_positions.json"))
     run("engine_time.py", *common, "--clients", "32", "--seconds", str(args.seconds),
         "--out", str(args.out / "engine_time.json"))
     results = {name: json.loads((args.out / f"{name}.json").read_text())
-               for name in ("concurrency", "same_weights", "step_positions", "engine_time")}
+               for name in ("concurrency", "same_weights", "step_positions", "engine_time", "length_split")}
     results["targets"] = targets(results)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.out / "report.md").write_text(markdown(results))

@@ -13,9 +13,13 @@ sentences a lone source of 125 tokens (the median is 7) left 85% of the position
 whose source is much longer than the foreground's rows decodes in a lane of its own, *long sources*, when
 the padding it would add costs more than that lane's decoder call (`length_split`); the two are the
 foreground split in two, under one `max_rows`. Both costs are memory-bound on a CPU: the extra call reads
-the decoder's weights once more, the padding reads its positions again at every step; so the break-even
-padding, in rows x positions, is the decoder's weight bytes over the bytes a row reads per source position
-(translate-zh-en: 29 MB / 6 KB, 4,800; its int8 variant: 2,000; measured on the decoder, 3,600 and 1,000).
+the decoder's weights once more, the padding reads its positions again at every step; so the padding
+worth a call, in rows x positions, is about the decoder's weight bytes over the bytes a row reads per
+source position (translate-zh-en: 29 MB / 6 KB, 4,800; its int8 variant: 12 MB / 6 KB, 2,000; timed on the
+decoder graph alone, 3,600 and 1,000). The extra call also costs the decode loop's own work around it
+(feeds, the search's step, row bookkeeping: CALL_OVERHEAD_POSITIONS), so the break-even is 5,800 and 3,000.
+Measured on a burst of 128 test sentences (bench/length_split.py), splitting at 4,800 / 2,000 spared about
+5,700 rows x positions: the int8 variant ran 12-17% faster, float32 -8..+1%.
 
 Optionally (`admission_hold_steps`), while a batch runs, a few queued requests are held back for up to that
 many steps until `admission_hold_queue` of them wait (or as many as there are free rows): each admission
@@ -29,6 +33,11 @@ import dataclasses
 from collections.abc import Callable
 
 from attnserve.server.lane import Lane
+
+# What one decoder call costs the decode loop besides ONNX Runtime (about 0.7 ms: feeds, the search's step,
+# row bookkeeping), in rows x source positions of padding that take as long to read (0.64 us each, measured
+# at 63 rows on translate-zh-en on a 2-core AVX2 VM).
+CALL_OVERHEAD_POSITIONS = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +57,7 @@ class SchedulingOptions:
     # every row to their length would cost more than one more decoder call (see the module docstring).
     length_split: bool = True
     # The padding (rows x source positions) worth one more decoder call; None: the decoder's weight bytes
-    # over the bytes a row reads per source position.
+    # over the bytes a row reads per source position, plus CALL_OVERHEAD_POSITIONS.
     length_split_padding: int | None = None
 
     def __post_init__(self):
@@ -170,7 +179,7 @@ class Scheduler:
             return self.options.length_split_padding
         if not self.weight_bytes or not position_bytes:
             return float("inf")
-        return self.weight_bytes / position_bytes
+        return self.weight_bytes / position_bytes + CALL_OVERHEAD_POSITIONS
 
     def hold(self, queued: int) -> bool:
         """Whether to admit nobody at this step boundary although `queued` requests wait (see the module)."""

@@ -17,7 +17,7 @@ import pytest
 from attnserve.server.batcher import BatchingOptions
 from attnserve.server.decoding import Batch
 from attnserve.server.lane import Group, Lane
-from attnserve.server.scheduler import Scheduler, SchedulingOptions
+from attnserve.server.scheduler import CALL_OVERHEAD_POSITIONS, Scheduler, SchedulingOptions
 from conftest import TINY_MODEL_NAME
 from fakes import WAIT
 from test_continuous_batching import FEEDS, architecture, assert_same, parse_serve_flags, submit_after
@@ -136,12 +136,13 @@ def test_a_newcomer_goes_apart_when_the_padding_it_brings_costs_more_than_a_deco
     assert scheduler(padding=500, length_split=False).lane_for(1000, 1, 10).rows == 0  # the (empty) foreground
 
 
-def test_the_break_even_is_the_decoders_weights_over_what_a_row_reads_per_position():
-    s = scheduler(weight_bytes=6000)  # 600 rows x positions at 10 bytes each
+def test_the_break_even_is_the_decoders_weights_over_what_a_row_reads_per_position_and_the_loops_share():
+    s = scheduler(weight_bytes=6000)  # 600 rows x positions at 10 bytes each, and the loop's
     join(s.foreground, *[10] * 10)
-    assert s.lane_for(width=70, rows=1, position_bytes=10) is s.foreground  # 600
-    assert s.lane_for(width=71, rows=1, position_bytes=10) is s.long_sources
-    assert s.lane_for(width=71, rows=1, position_bytes=5) is s.foreground  # 1,200 now
+    width = 10 + (600 + CALL_OVERHEAD_POSITIONS) // 10  # ten rows padded to it: the break-even
+    assert s.lane_for(width=width, rows=1, position_bytes=10) is s.foreground
+    assert s.lane_for(width=width + 1, rows=1, position_bytes=10) is s.long_sources
+    assert s.lane_for(width=width + 1, rows=1, position_bytes=5) is s.foreground  # 1,200 now
     unknown = scheduler(weight_bytes=0)
     join(unknown.foreground, *[10] * 10)
     assert unknown.lane_for(width=10_000, rows=1, position_bytes=10) is unknown.foreground
