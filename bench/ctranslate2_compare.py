@@ -38,12 +38,13 @@ from ctranslate2.converters.converter import Converter
 from ctranslate2.specs import common_spec, transformer_spec
 from tokenizers import Tokenizer
 
+import sentences  # bench/, beside this script
+
 from attnserve.export.model import Transformer, TransformerConfig, sinusoidal_positions
 from attnserve.export.recover_weights import recover
-from attnserve.export.train import read_pairs
 from attnserve.server.batcher import BatchingOptions
 from attnserve.server.engine import load_engine
-from attnserve.server.generation import GREEDY, GenerationRequest
+from attnserve.server.generation import GenerationRequest
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 
@@ -191,11 +192,8 @@ class AttnserveSystem:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
+    sentences.add_arguments(parser, sentences=128)
     parser.add_argument("--int8-models", type=pathlib.Path, help="a copy of --models with the int8 variant")
-    parser.add_argument("--model", default="translate-zh-en")
-    parser.add_argument("--split", type=pathlib.Path, default=pathlib.Path("data/corpus/test.tsv"))
-    parser.add_argument("--sentences", type=int, default=128, help="half zh->en, half en->zh")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-pytorch", action="store_true", help="leave PyTorch eager out")
     parser.add_argument("--out", type=pathlib.Path)
@@ -204,9 +202,7 @@ def main() -> None:
 
     version = find_models(args.models)[args.model]
     manifest = version.manifest
-    pairs = read_pairs(args.split)[: args.sentences // 2]
-    requests = [GenerationRequest(args.model, zh, "en", GREEDY) for _, zh in pairs] + [
-        GenerationRequest(args.model, en, "zh-TW", GREEDY) for en, _ in pairs]
+    requests = sentences.requests(args)
     vocabulary = pieces(version.path)
     engines = {"attnserve float32": load_engine(version, RuntimeOptions(), BatchingOptions(max_batch_size=32))}
     if args.int8_models:

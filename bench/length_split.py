@@ -19,10 +19,9 @@ import pathlib
 import statistics
 import time
 
-from attnserve.export.train import read_pairs
+import sentences  # bench/, beside this script
 from attnserve.server.batcher import BatchingOptions
 from attnserve.server.engine import load_engine
-from attnserve.server.generation import GREEDY, GenerationRequest
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.server.scheduler import SchedulingOptions
@@ -59,19 +58,14 @@ def table(report: dict) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
+    sentences.add_arguments(parser, sentences=128)
     parser.add_argument("--int8-models", type=pathlib.Path, help="a copy of --models with the int8 variant")
-    parser.add_argument("--model", default="translate-zh-en")
-    parser.add_argument("--split", type=pathlib.Path, default=pathlib.Path("data/corpus/test.tsv"))
-    parser.add_argument("--sentences", type=int, default=128, help="half zh->en, half en->zh")
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--max-batch-size", type=int, default=32, help="requests admitted (encoded) at one step")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
 
-    pairs = read_pairs(args.split)[: args.sentences // 2]
-    requests = [GenerationRequest(args.model, zh, "en", GREEDY) for _, zh in pairs] + [
-        GenerationRequest(args.model, en, "zh-TW", GREEDY) for en, _ in pairs]
+    requests = sentences.requests(args)
     variants = {"float32": (args.models, RuntimeOptions())}
     if args.int8_models:
         variants["int8"] = (args.int8_models, RuntimeOptions(variant="int8"))
