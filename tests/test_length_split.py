@@ -60,7 +60,7 @@ def test_long_sources_decode_apart_and_every_request_gets_what_it_gets_alone(
         widths = decoder_widths(monkeypatch)
         try:
             trigger = make(short, new=12, at_least=12)
-            late = [make(long, new=8, at_least=8), make(other, new=6)]
+            late = [make(long, beam=2, new=8, at_least=8), make(other, new=6)]  # a beam goes apart
             first, futures = submit_after(continuous, trigger, late, tokens=2)
             results = [future.result(WAIT) for future in [first, *futures]]
             shared = list(widths)  # the continuous engine's calls only
