@@ -43,10 +43,10 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import sentences  # bench/, beside this script
 from attnserve.clients.client import AsyncClient
-from attnserve.export.train import read_pairs
 from attnserve.server.engine import load_engine
-from attnserve.server.generation import GREEDY, GenerationRequest, GenerationResult
+from attnserve.server.generation import GenerationRequest, GenerationResult
 from attnserve.server.repository import find_models
 
 STARTUP_SECONDS = 120
@@ -211,10 +211,7 @@ def single_request_report(single: dict, levels: dict, server: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
-    parser.add_argument("--model", default="translate-zh-en")
-    parser.add_argument("--split", type=pathlib.Path, default=pathlib.Path("data/corpus/test.tsv"))
-    parser.add_argument("--sentences", type=int, default=400, help="half zh->en, half en->zh")
+    sentences.add_arguments(parser, sentences=400)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--seconds", type=float, default=10.0, help="per server and level")
     parser.add_argument("--all-models", action="store_true",
@@ -236,9 +233,7 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
 
-    pairs = read_pairs(args.split)[: args.sentences // 2]
-    requests = [r for _, zh in pairs for r in [GenerationRequest(args.model, zh, "en", GREEDY)]] + [
-        GenerationRequest(args.model, en, "zh-TW", GREEDY) for en, _ in pairs]
+    requests = sentences.requests(args)
     requests = requests[0::2] + requests[1::2]  # mix the directions and lengths
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     only = [] if args.all_models else ["--model", args.model]
