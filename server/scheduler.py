@@ -159,7 +159,9 @@ class Scheduler:
         spared is worth the extra decoder call: a long source that joined an empty foreground before short
         ones (`lane_for` sends later long ones apart as they join)."""
         lane = self.foreground
-        if len(lane.groups) < 2:
+        break_even = self._break_even(lane.position_bytes)
+        # It runs every round: no split can spare more than every row's whole width, so most rounds stop here.
+        if len(lane.groups) < 2 or lane.rows * lane.width <= break_even:
             return
         widths = lane.group_widths()
         widest = sorted(range(len(widths)), key=lambda i: -widths[i])
@@ -169,7 +171,7 @@ class Scheduler:
             saving = rest * (widths[widest[0]] - widths[widest[k]])
             if saving > best_saving:
                 best, best_saving = k, saving
-        if best and best_saving > self._break_even(lane.position_bytes):
+        if best and best_saving > break_even:
             for group in [lane.groups[i] for i in widest[:best]]:
                 lane.move(group, self.long_sources)
 
