@@ -95,6 +95,7 @@ async def start(
         OSError: the address cannot be bound (in use, or not an address of this machine).
         ValueError: a TLS file cannot be read, or the in-flight budget cannot hold one request.
     """
+    memory.fix_mmap_threshold()  # request-sized buffers go back to the system when freed (server/memory.py)
     message_limits = _message_limits(engines)
     inflight = max_inflight_bytes or 8 * message_limits.receive_bytes
     if inflight < message_limits.receive_bytes:
@@ -106,7 +107,7 @@ async def start(
     # The token check comes first, so that an unauthenticated call is refused before anything is parsed.
     interceptors = [security.TokenInterceptor(tokens, _GENERATION_METHODS)] if tokens else []
     server = grpc.aio.server(
-        interceptors=[*interceptors, errors.ErrorInterceptor(admission)],
+        interceptors=[*interceptors, errors.ErrorInterceptor(admission, _GENERATION_METHODS, engines)],
         options=[
             ("grpc.max_send_message_length", message_limits.send_bytes),
             # Refused by gRPC before any of it reaches Python; per-model limits are checked before parsing.

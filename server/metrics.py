@@ -29,12 +29,16 @@ _MODEL_CALL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02
 _PER_TOKEN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
-# Status codes that mean the server refused a request it could not or would not run, by reason.
+# Status codes that mean the server refused a request it could not or would not run, and the reason a
+# refusal is counted under when the error names none (OverloadedError and the admission checks name theirs:
+# queue_full, inflight_bytes, decoded_bytes, preprocess_queue_full, deadline, unparsable).
 REJECTION_REASONS = {
     "RESOURCE_EXHAUSTED": "queue_full",
     "OUT_OF_RANGE": "too_large",
     "INVALID_ARGUMENT": "invalid",
     "UNAUTHENTICATED": "unauthenticated",
+    "NOT_FOUND": "unknown_model",
+    "FAILED_PRECONDITION": "model_not_served",
 }
 
 REQUEST_DURATION = prometheus_client.Histogram(
@@ -86,8 +90,9 @@ REQUESTS = prometheus_client.Counter(
 )
 REJECTED_REQUESTS = prometheus_client.Counter(
     "attnserve_rejected_requests_total",
-    "Generation requests refused without a result: queue_full, too_large, invalid, unauthenticated.",
-    ["model", "reason"],
+    "Generation requests refused without a result, at any layer (before parsing, at admission, at a queue), "
+    "by status code and reason (metrics.REJECTION_REASONS and the admission checks' own).",
+    ["model", "code", "reason"],
 )
 INPUT_TOKENS = prometheus_client.Counter(
     "attnserve_input_tokens_total",
@@ -123,15 +128,15 @@ def observe_result(result: generation.GenerationResult) -> None:
     OUTPUT_TOKENS.labels(model).inc(len(result.tokens))
 
 
-def count_request(model: str, code: str) -> None:
+def count_request(model: str, code: str, reason: str | None = None) -> None:
     """Counts one finished generation request, and a refused one under its reason too.
 
-    `model` must be a served model's name or "" (bounded labels); `code` a grpc.StatusCode name.
+    `model` must be a served model's name or "" (bounded labels); `code` a grpc.StatusCode name; `reason`
+    the refusal's, None = the code's (REJECTION_REASONS; codes there are refusals whatever the reason).
     """
     REQUESTS.labels(model, code).inc()
-    reason = REJECTION_REASONS.get(code)
-    if reason is not None:
-        REJECTED_REQUESTS.labels(model, reason).inc()
+    if code in REJECTION_REASONS:
+        REJECTED_REQUESTS.labels(model, code, reason or REJECTION_REASONS[code]).inc()
 
 
 def describe_models(engines: Iterable) -> None:

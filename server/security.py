@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from attnserve.server import logging_setup, metrics
+from attnserve.server import errors, logging_setup, memory, metrics
 
 # Methods anyone may call: the standard health service.
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
@@ -105,7 +105,9 @@ def _denying(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     async def deny(_request, context: grpc.aio.ServicerContext):
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
-    def ignore(_data: bytes) -> None:
+    def ignore(data: bytes) -> None:
+        errors.note_received()  # refused here, not by gRPC's receive limit
+        memory.RECLAIMER.released(len(data))  # never parsed, but received: a large one is worth a trim
         return None
 
     wire = {"request_deserializer": ignore, "response_serializer": handler.response_serializer}

@@ -147,7 +147,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
     ) -> Iterator[_Access]:
         """Counts the request under its final status code (unknown model names share one label) and writes
         its access line."""
-        code = grpc.StatusCode.OK
+        code, reason = grpc.StatusCode.OK, None
         model = request.model
         access = _Access(started=time.perf_counter())
         try:
@@ -156,12 +156,12 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
             code = grpc.StatusCode.CANCELLED
             raise
         except BaseException as exc:
-            code = errors.status_code(exc)
+            code, reason = errors.status_code(exc), errors.reason(exc)
             raise
         finally:
             if code == grpc.StatusCode.CANCELLED and _deadline_passed(context):
                 code = grpc.StatusCode.DEADLINE_EXCEEDED  # gRPC cancels the handler when the deadline passes
-            metrics.count_request(model if model in self._engines else "", code.name)
+            metrics.count_request(model if model in self._engines else "", code.name, reason)
             seconds = time.perf_counter() - access.started
             logging_setup.log_access(method, model, code.name, access.tokens, seconds, request.request_id)
 

@@ -142,7 +142,8 @@ def test_unauthenticated_generation_calls_are_counted_as_rejections():
     engine = FakeEngine()
 
     def counts() -> tuple[float, float]:
-        rejected = REGISTRY.get_sample_value("attnserve_rejected_requests_total", {"model": "", "reason": "unauthenticated"})
+        rejected = REGISTRY.get_sample_value("attnserve_rejected_requests_total", {"model": "", "code": "UNAUTHENTICATED",
+                                                                                "reason": "unauthenticated"})
         finished = REGISTRY.get_sample_value("attnserve_requests_total", {"model": "", "code": "UNAUTHENTICATED"})
         return rejected or 0.0, finished or 0.0
 
