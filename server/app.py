@@ -21,7 +21,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from attnserve.server import errors, lifecycle, limits, logging_setup, memory, metrics, readiness, security, service
+from attnserve.server import (
+    errors, intake, lifecycle, limits, logging_setup, memory, metrics, readiness, security, service,
+)
 from attnserve.server.serve_options import IO_BINDING
 from attnserve.server.serve_options import ServeOptions  # noqa: F401  (re-exported: app.ServeOptions)
 from attnserve.v1 import attnserve_pb2 as pb
@@ -48,6 +50,7 @@ class Server:
         port: int,
         drain: lifecycle.Drain,
         limits_: limits.MessageLimits,
+        intakes: Mapping[str, intake.Intake] | None = None,
     ):
         self.grpc_server = server
         self.health = health
@@ -55,6 +58,7 @@ class Server:
         self.port = port  # the bound port (useful when asked for port 0)
         self.drain_state = drain
         self.limits = limits_
+        self.intakes = dict(intakes or {})
 
     async def drain(self, grace: float | None) -> lifecycle.DrainOutcome:
         """Health NOT_SERVING, new generation calls UNAVAILABLE; waits up to `grace` s for in-flight ones."""
@@ -64,6 +68,8 @@ class Server:
     async def close(self) -> None:
         """Stops gRPC at once (cancelling what is left), then closes the engines."""
         await self.grpc_server.stop(0)
+        for pool in self.intakes.values():
+            pool.close()
         # Closing joins worker threads, which may be finishing a batch: keep the loop free meanwhile.
         await asyncio.to_thread(_close, self.engines)
 
@@ -80,16 +86,21 @@ async def start(
     *,
     broken: Mapping[str, str] | None = None,
     tls: security.TlsFiles | None = None,
-    tokens: frozenset[str] | None = None,
+    tokens: frozenset[str] | security.TokenFile | None = None,
     max_inflight_bytes: int | None = None,
+    intake_options: intake.IntakeOptions = intake.IntakeOptions(),
+    max_rows: int | None = None,
 ) -> Server:
-    """Starts serving `engines` (model name -> engine) on `address`, e.g. "[::]:50051" or "127.0.0.1:0".
+    """Starts serving `engines` (model name -> engine) on `address`, e.g. "127.0.0.1:50051", "[::]:50051" or "127.0.0.1:0".
 
     Args:
-        broken: models that failed to load (name -> reason): NOT_SERVING, and calls naming them UNAVAILABLE.
+        broken: models that failed to load (name -> reason): NOT_SERVING, and calls naming them FAILED_PRECONDITION.
         tls: serve TLS only, with these files; None = plaintext.
-        tokens: accepted bearer tokens; None = no authentication.
+        tokens: accepted bearer tokens, or the file they are read from (re-read when it changes); None = no
+            authentication.
         max_inflight_bytes: bytes of generation requests handled at once; None = 8 of the largest.
+        intake_options: each model's preprocessing pool, queue bound and decoded-bytes budget.
+        max_rows: continuous batching's --max-rows, published as attnserve_max_rows; None = not published.
 
     Raises:
         OSError: the address cannot be bound (in use, or not an address of this machine).
@@ -122,8 +133,12 @@ async def start(
         ],
     )
     drain = lifecycle.Drain()
-    pb_grpc.add_AttnServeServicer_to_server(service.AttnServeServicer(engines, drain, broken), server)
+    servicer = service.AttnServeServicer(engines, drain, broken, intake_options)
+    pb_grpc.add_AttnServeServicer_to_server(servicer, server)
     metrics.describe_models(engines.values())
+    metrics.track_intakes(servicer.intakes)
+    if max_rows is not None:
+        metrics.describe_max_rows(engines, max_rows)
     health_servicer = readiness.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, _HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server)
@@ -137,7 +152,9 @@ async def start(
         else:
             port = server.add_insecure_port(address)
     except RuntimeError as exc:  # grpc raises a bare "Failed to bind" without the address
-        raise OSError(f"cannot listen on {address}: {exc}") from exc
+        # With TLS, a key that does not belong to the certificate fails here too, in the same words.
+        hint = "; or --tls-key is not the key of --tls-cert" if tls else ""
+        raise OSError(f"cannot listen on {address}: {exc} (in use, or not an address of this machine{hint})") from exc
     await server.start()
     # The engines were loaded (and warmed up, by `serve`) before the server was built: ready once it listens.
     for name in ("", SERVICE_NAME, *engines):
@@ -150,7 +167,7 @@ async def start(
         logger.error("model %r is not served: %s", name, reason)
     scheme = "TLS" if tls else "plaintext"
     logger.info("serving %s on %s (port %d, %s)", ", ".join(sorted(engines)) or "no models", address, port, scheme)
-    return Server(server, health_servicer, engines, port, drain, message_limits)
+    return Server(server, health_servicer, engines, port, drain, message_limits, servicer.intakes)
 
 
 def _message_limits(engines: Mapping[str, service.Engine]) -> limits.MessageLimits:
@@ -190,7 +207,7 @@ async def serve(options: ServeOptions) -> None:
     # Loading builds ONNX Runtime sessions (seconds): off the loop, though nothing else runs yet.
     engines, broken = await asyncio.to_thread(load_models, options)
     try:
-        tokens = security.read_tokens(options.auth_token_file) if options.auth_token_file else None
+        tokens = security.TokenFile(options.auth_token_file) if options.auth_token_file else None
         tls = security.TlsFiles(options.tls_cert, options.tls_key, options.tls_client_ca) if options.tls_cert else None
         if options.metrics_port is not None:
             metrics.serve_http(options.metrics_port, options.metrics_host)
@@ -201,7 +218,11 @@ async def serve(options: ServeOptions) -> None:
             tls=tls,
             tokens=tokens,
             max_inflight_bytes=int(options.max_inflight_request_mb * 2**20),
+            intake_options=intake.IntakeOptions(options.preprocess_threads, options.max_preprocess_queue,
+                                                int(options.max_decoded_mb * 2**20)),
+            max_rows=options.max_rows if options.batching == "continuous" else None,
         )
+        metrics.describe_build(options.batching, options.engine_process)
     except BaseException:
         _close(engines)
         raise

@@ -39,7 +39,7 @@ from attnserve.server.generation import (
     resolved_beam_size,
 )
 from attnserve.server.ngram_lm import NgramLanguageModel
-from attnserve.server.repository import ModelVersion, find_models, open_runtime
+from attnserve.server.repository import ModelVersion, find_models, first_intact, load_model_version, open_runtime
 from attnserve.server.reranking import Reranker
 from attnserve.server.runtime import Runtime, RuntimeOptions
 from attnserve.server.tokenization import Tokenizer, check_text
@@ -596,7 +596,9 @@ def load_engines(
     try:
         for name, model in find_models(repository_path, broken, only).items():
             try:
-                engines[name] = load_engine(model, runtime_options, batching_options)
+                # An older version stands in for a broken newest one (repository.first_intact).
+                engines[name] = first_intact(
+                    model.path, lambda folder: load_engine(load_model_version(folder), runtime_options, batching_options))
             except ValueError as exc:
                 if broken is None:
                     raise

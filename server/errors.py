@@ -35,6 +35,8 @@ STATUS_BY_TYPE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (asyncio.CancelledError, grpc.StatusCode.CANCELLED),
     (generation.OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (generation.UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (generation.ModelNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (generation.ModelNotServedError, grpc.StatusCode.FAILED_PRECONDITION),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (NotImplementedError, grpc.StatusCode.UNIMPLEMENTED),
     (generation.InputTooLargeError, grpc.StatusCode.OUT_OF_RANGE),  # a ValueError: must come first

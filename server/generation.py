@@ -333,5 +333,14 @@ class OverloadedError(Exception):
         return type(self), (str(self), self.reason, self.retry_after)
 
 
+class ModelNotFoundError(Exception):
+    """The request names a model the server does not have (NOT_FOUND)."""
+
+
+class ModelNotServedError(Exception):
+    """The request names a model the server has but could not load (FAILED_PRECONDITION: retrying the same
+    server will not help; its log says why)."""
+
+
 class UnavailableError(Exception):
     """The model is shutting down or failed to load."""

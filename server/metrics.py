@@ -104,6 +104,16 @@ OUTPUT_TOKENS = prometheus_client.Counter(
     "Generated tokens of answered requests (EOS excluded).",
     ["model"],
 )
+MAX_ROWS = prometheus_client.Gauge(
+    "attnserve_max_rows",
+    "Batch rows a model may decode at once (--max-rows; continuous batching): attnserve_running_rows' ceiling.",
+    ["model"],
+)
+BUILD_INFO = prometheus_client.Gauge(
+    "attnserve_build_info",
+    "1, labelled with the server's version, its Python and ONNX Runtime versions and how it batches.",
+    ["version", "python", "onnxruntime", "batching", "engine_process"],
+)
 MODEL_INFO = prometheus_client.Gauge(
     "attnserve_model_info",
     "1 for each served model: its version and the ONNX Runtime execution provider it runs on.",
@@ -147,6 +157,58 @@ def describe_models(engines: Iterable) -> None:
         info, provider = engine.info, providers[0]
         MODEL_INFO.labels(info.name, str(info.version), provider).set(1)
         _LOAD.add_models([info.name])
+
+
+def describe_build(batching: str, engine_process: bool) -> None:
+    """Publishes `attnserve_build_info` (versions read from the installed distributions)."""
+    import importlib.metadata
+    import platform
+
+    def version(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return ""
+
+    runtime = version("onnxruntime") or version("onnxruntime-gpu")
+    BUILD_INFO.labels(version("attnserve"), platform.python_version(), runtime, batching,
+                      str(engine_process).lower()).set(1)
+
+
+def describe_max_rows(models: Iterable[str], max_rows: int) -> None:
+    for model in models:
+        MAX_ROWS.labels(model).set(max_rows)
+
+
+class _IntakeCollector(Collector):
+    """Each model's preprocessing queue and decoded bytes in flight (server/intake.py), read at scrape time."""
+
+    def __init__(self):
+        self.intakes: dict = {}  # model -> Intake; the latest server's
+
+    def collect(self):
+        queued = GaugeMetricFamily("attnserve_preprocess_queue_depth",
+                                   "Requests waiting for a preprocessing thread of their model.", labels=["model"])
+        decoded = GaugeMetricFamily(
+            "attnserve_decoded_bytes_in_flight",
+            "Bytes the inputs being (or waiting to be) preprocessed decode to, as their headers declare.",
+            labels=["model"])
+        for model, intake in sorted(self.intakes.items()):
+            queued.add_metric([model], intake.queued)
+            decoded.add_metric([model], intake.decoded_bytes)
+        return [queued, decoded]
+
+    def describe(self):
+        return []
+
+
+_INTAKES = _IntakeCollector()
+prometheus_client.REGISTRY.register(_INTAKES)
+
+
+def track_intakes(intakes) -> None:
+    """Reports these intakes (model -> Intake) from now on."""
+    _INTAKES.intakes = dict(intakes)
 
 
 class _LoadCollector(Collector):

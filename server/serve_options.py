@@ -25,7 +25,10 @@ class ServeOptions:
     models: str = "models"  # model repository folder
     # Serve only these models of the repository (e.g. one model per deployment); empty = every model.
     only_models: tuple[str, ...] = ()
-    host: str = "[::]"  # interface to listen on; "[::]" = all
+    # Interface to listen on. Loopback by default: without --tls-cert and --auth-token-file the port is
+    # plaintext and open to anyone who reaches it, so listening on others ("0.0.0.0", "[::]") is a choice
+    # to make explicitly (the container image and the manifests make it).
+    host: str = LOOPBACK
     port: int = convert.DEFAULT_PORT
     device: str = "cpu"  # "cpu" or "cuda"
     # Keep decoder inputs (encoder K/V, the K/V cache) on the device between steps: "auto" = on for cuda.
@@ -55,6 +58,11 @@ class ServeOptions:
     grace_seconds: float = 10.0  # how long in-flight requests may finish after a shutdown signal
     # Bytes of requests handled at once (audio and images are the big ones); more are RESOURCE_EXHAUSTED.
     max_inflight_request_mb: float = 256.0
+    preprocess_threads: int = 1  # threads per model that validate and decode inputs (server/intake.py)
+    max_preprocess_queue: int = 32  # requests per model waiting for them; more are RESOURCE_EXHAUSTED
+    # MiB per model that inputs being preprocessed decode to (pixels x channels, samples x 4), read from
+    # their headers before decoding; more are RESOURCE_EXHAUSTED.
+    max_decoded_mb: float = 512.0
     skip_broken_models: bool = False  # serve the healthy models when some fail to load (those: NOT_SERVING)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the port speaks TLS only
     tls_key: str | None = None  # PEM private key
@@ -84,6 +92,8 @@ def _problems(o: ServeOptions):
         ("--max-rows", o.max_rows, 1),
         ("--fair-share-row-steps", o.fair_share_row_steps, 1),
         ("--admission-hold-steps", o.admission_hold_steps, 0),
+        ("--preprocess-threads", o.preprocess_threads, 1),
+        ("--max-preprocess-queue", o.max_preprocess_queue, 1),
     ):
         if value < least:
             yield f"{flag} must be at least {least}, got {value}"
@@ -94,6 +104,8 @@ def _problems(o: ServeOptions):
         yield f"--max-beam-size {o.max_beam_size} needs --max-rows of at least as many, got {o.max_rows}"
     if o.max_inflight_request_mb <= 0:
         yield f"--max-inflight-request-mb must be > 0, got {o.max_inflight_request_mb}"
+    if o.max_decoded_mb <= 0:
+        yield f"--max-decoded-mb must be > 0, got {o.max_decoded_mb}"
     if (o.tls_cert is None) != (o.tls_key is None):
         yield "--tls-cert and --tls-key go together: give both or neither"
     if o.tls_client_ca is not None and o.tls_cert is None:
@@ -118,7 +130,8 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         dict(action="append", metavar="NAME", help="serve only this model of the repository (repeatable; "
              "default: every model)"),
     ),
-    "--host": ("host", dict(help="interface to listen on (default: %(default)s = all)")),
+    "--host": ("host", dict(help="interface to listen on (default: %(default)s, loopback; 0.0.0.0 = every IPv4 "
+                             "interface, [::] = every interface)")),
     "--port": ("port", dict(type=int, help="gRPC port (default: %(default)s)")),
     "--device": ("device", dict(choices=["cpu", "cuda"], help="(default: %(default)s)")),
     "--io-binding": (
@@ -207,6 +220,20 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--max-inflight-request-mb": (
         "max_inflight_request_mb",
         dict(type=float, help="MiB of requests handled at once; more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+    ),
+    "--preprocess-threads": (
+        "preprocess_threads",
+        dict(type=int, help="threads per model that validate and decode inputs (default: %(default)s)"),
+    ),
+    "--max-preprocess-queue": (
+        "max_preprocess_queue",
+        dict(type=int, help="requests per model waiting for preprocessing; more are RESOURCE_EXHAUSTED "
+             "(default: %(default)s)"),
+    ),
+    "--max-decoded-mb": (
+        "max_decoded_mb",
+        dict(type=float, help="MiB per model that inputs being preprocessed decode to (pixels x channels, "
+             "samples x 4, from their headers); more are RESOURCE_EXHAUSTED (default: %(default)s)"),
     ),
     "--skip-broken-models": (
         "skip_broken_models",

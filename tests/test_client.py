@@ -82,7 +82,7 @@ def test_errors_carry_code_and_details(client):
     with pytest.raises(AttnServeError) as raised:
         client.translate("abc", model="nope")
     error = raised.value
-    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.code == grpc.StatusCode.NOT_FOUND
     assert error.details == f"unknown model 'nope'; available: {MODEL}"
     assert str(error) == f"INVALID_ARGUMENT: {error.details}"
 

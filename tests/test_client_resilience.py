@@ -67,7 +67,7 @@ def test_each_status_code_has_its_exception_class(code, cls):
 
 def test_a_server_error_arrives_as_its_class(flaky):
     address, _ = flaky
-    with Client(address, timeout=WAIT) as client, pytest.raises(errors.InvalidArgument) as raised:
+    with Client(address, timeout=WAIT) as client, pytest.raises(errors.NotFound) as raised:
         client.translate("abc", model="nope")
     assert "unknown model 'nope'" in raised.value.details
 

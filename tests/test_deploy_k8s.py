@@ -166,6 +166,7 @@ def test_services_select_the_pods_and_the_scrape_job_is_the_one_the_alerts_watch
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == "metrics" and serve_args(resources).metrics_port == ports["metrics"]
     assert serve_args(resources).metrics_host == "0.0.0.0"  # loopback would be out of Prometheus' reach
+    assert serve_args(resources).host == "0.0.0.0"  # and out of the Service's and the probes' reach
     scraped = [
         s for s in services
         if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
