@@ -89,7 +89,6 @@ async def start(
     tokens: frozenset[str] | security.TokenFile | None = None,
     max_inflight_bytes: int | None = None,
     intake_options: intake.IntakeOptions = intake.IntakeOptions(),
-    max_rows: int | None = None,
 ) -> Server:
     """Starts serving `engines` (model name -> engine) on `address`, e.g. "127.0.0.1:50051", "[::]:50051" or "127.0.0.1:0".
 
@@ -100,7 +99,6 @@ async def start(
             authentication.
         max_inflight_bytes: bytes of generation requests handled at once; None = 8 of the largest.
         intake_options: each model's preprocessing pool, queue bound and decoded-bytes budget.
-        max_rows: continuous batching's --max-rows, published as attnserve_max_rows; None = not published.
 
     Raises:
         OSError: the address cannot be bound (in use, or not an address of this machine).
@@ -137,8 +135,6 @@ async def start(
     pb_grpc.add_AttnServeServicer_to_server(servicer, server)
     metrics.describe_models(engines.values())
     metrics.track_intakes(servicer.intakes)
-    if max_rows is not None:
-        metrics.describe_max_rows(engines, max_rows)
     health_servicer = readiness.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, _HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server)
@@ -220,7 +216,6 @@ async def serve(options: ServeOptions) -> None:
             max_inflight_bytes=int(options.max_inflight_request_mb * 2**20),
             intake_options=intake.IntakeOptions(options.preprocess_threads, options.max_preprocess_queue,
                                                 int(options.max_decoded_mb * 2**20)),
-            max_rows=options.max_rows if options.batching == "continuous" else None,
         )
         metrics.describe_build(options.batching, options.engine_process)
     except BaseException:

@@ -80,6 +80,7 @@ class ProcessEngine:
         self._conn = multiprocessing.connection.Connection(parent_end.detach())
         self._conn.send((str(repository), name, runtime_options, batching_options, log_options))
         self.info, self.providers = self._wait_ready(name)
+        self.max_rows = batching_options.continuous.max_rows if batching_options.continuous else None
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}

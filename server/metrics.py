@@ -156,6 +156,9 @@ def describe_models(engines: Iterable) -> None:
         providers = getattr(engine, "providers", None) or [""]
         info, provider = engine.info, providers[0]
         MODEL_INFO.labels(info.name, str(info.version), provider).set(1)
+        max_rows = getattr(engine, "max_rows", None)  # continuous batching's; windowed batches have none
+        if max_rows is not None:
+            MAX_ROWS.labels(info.name).set(max_rows)
         _LOAD.add_models([info.name])
 
 
@@ -173,11 +176,6 @@ def describe_build(batching: str, engine_process: bool) -> None:
     runtime = version("onnxruntime") or version("onnxruntime-gpu")
     BUILD_INFO.labels(version("attnserve"), platform.python_version(), runtime, batching,
                       str(engine_process).lower()).set(1)
-
-
-def describe_max_rows(models: Iterable[str], max_rows: int) -> None:
-    for model in models:
-        MAX_ROWS.labels(model).set(max_rows)
 
 
 class _IntakeCollector(Collector):

@@ -32,6 +32,8 @@ class FakeEngine:
             while it waits.
     """
 
+    max_rows = 64  # as a continuously batching engine states its --max-rows
+
     def __init__(self, name: str = "fake-translate"):
         languages = ["en", "zh-TW"]
         self.info = ModelInfo(name, 3, "translation", "reverses its input", languages, languages, 32, 8, 2, 4)

@@ -8,6 +8,7 @@ test does not wait minutes) are the test's. Skipped where the `prometheus` binar
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import math
 import shutil
@@ -53,7 +54,15 @@ class Prometheus:
 @pytest.fixture
 def prometheus_scraping(tmp_path, tiny_model_repo):
     """(Prometheus, served process): Prometheus with the shipped config, aimed at a fresh server."""
-    with served([sys.executable, "-m", "attnserve.clients.cli"], str(tiny_model_repo)) as server:
+    with prometheus_on(tmp_path, tiny_model_repo) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def prometheus_on(tmp_path, repository, serve_args=()):
+    """(Prometheus, served process): the shipped scrape job and rules, every 1 s, aimed at a fresh server."""
+    command = [sys.executable, "-m", "attnserve.clients.cli"]
+    with served(command, str(repository), extra_args=serve_args) as server:
         config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
         config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
         config["rule_files"] = [str(path) for path in RULE_FILES]
