@@ -11,6 +11,7 @@ UNAVAILABLE, in-flight requests finish within the grace period; then gRPC stops 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -35,6 +36,10 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AttnServe"].full_name  # "attnser
 _HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 
+# How long closing the engines may take once the drain is over. The manifests' terminationGracePeriodSeconds
+# is the preStop pause + --grace-seconds + this (tests/test_deploy_k8s.py checks it).
+CLOSE_SECONDS = 5.0
+
 _GENERATION_METHODS = frozenset(f"/{SERVICE_NAME}/{name}" for name in ("Generate", "GenerateStream"))
 _SERVING, _NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -50,7 +55,7 @@ class Server:
         port: int,
         drain: lifecycle.Drain,
         limits_: limits.MessageLimits,
-        intakes: Mapping[str, intake.Intake] | None = None,
+        servicer: service.AttnServeServicer | None = None,
     ):
         self.grpc_server = server
         self.health = health
@@ -58,7 +63,8 @@ class Server:
         self.port = port  # the bound port (useful when asked for port 0)
         self.drain_state = drain
         self.limits = limits_
-        self.intakes = dict(intakes or {})
+        self.intakes: Mapping[str, intake.Intake] = servicer.intakes if servicer else {}  # each model's
+        self.costs = servicer.costs if servicer else {}  # each model's cost model (server/cost.py)
 
     async def drain(self, grace: float | None) -> lifecycle.DrainOutcome:
         """Health NOT_SERVING, new generation calls UNAVAILABLE; waits up to `grace` s for in-flight ones."""
@@ -66,12 +72,18 @@ class Server:
         return await self.drain_state.drain(grace)
 
     async def close(self) -> None:
-        """Stops gRPC at once (cancelling what is left), then closes the engines."""
+        """Stops gRPC at once (cancelling what is left), then closes the engines, all at once, within
+        CLOSE_SECONDS (engine processes still running then are killed)."""
         await self.grpc_server.stop(0)
         for pool in self.intakes.values():
             pool.close()
-        # Closing joins worker threads, which may be finishing a batch: keep the loop free meanwhile.
-        await asyncio.to_thread(_close, self.engines)
+        await _close_within(self.engines, CLOSE_SECONDS)
+
+    def force_close(self) -> None:
+        """Kills the engine processes (--engine-process) that are still closing; a second signal's doing."""
+        for model_engine in self.engines.values():
+            if hasattr(model_engine, "kill"):
+                model_engine.kill()
 
     async def stop(self, grace: float | None) -> None:
         """Drains for up to `grace` seconds, then closes."""
@@ -89,6 +101,7 @@ async def start(
     tokens: frozenset[str] | security.TokenFile | None = None,
     max_inflight_bytes: int | None = None,
     intake_options: intake.IntakeOptions = intake.IntakeOptions(),
+    deadline_admission: bool = True,
 ) -> Server:
     """Starts serving `engines` (model name -> engine) on `address`, e.g. "127.0.0.1:50051", "[::]:50051" or "127.0.0.1:0".
 
@@ -99,6 +112,7 @@ async def start(
             authentication.
         max_inflight_bytes: bytes of generation requests handled at once; None = 8 of the largest.
         intake_options: each model's preprocessing pool, queue bound and decoded-bytes budget.
+        deadline_admission: refuse at once what cannot finish before its deadline (server/cost.py).
 
     Raises:
         OSError: the address cannot be bound (in use, or not an address of this machine).
@@ -131,7 +145,7 @@ async def start(
         ],
     )
     drain = lifecycle.Drain()
-    servicer = service.AttnServeServicer(engines, drain, broken, intake_options)
+    servicer = service.AttnServeServicer(engines, drain, broken, intake_options, deadline_admission)
     pb_grpc.add_AttnServeServicer_to_server(servicer, server)
     metrics.describe_models(engines.values())
     metrics.track_intakes(servicer.intakes)
@@ -163,7 +177,7 @@ async def start(
         logger.error("model %r is not served: %s", name, reason)
     scheme = "TLS" if tls else "plaintext"
     logger.info("serving %s on %s (port %d, %s)", ", ".join(sorted(engines)) or "no models", address, port, scheme)
-    return Server(server, health_servicer, engines, port, drain, message_limits, servicer.intakes)
+    return Server(server, health_servicer, engines, port, drain, message_limits, servicer)
 
 
 def _message_limits(engines: Mapping[str, service.Engine]) -> limits.MessageLimits:
@@ -194,7 +208,7 @@ def _engine_ended(loop: asyncio.AbstractEventLoop, health: readiness.HealthServi
 async def serve_until_signal(server: Server, grace: float | None) -> None:
     """Waits for SIGTERM or SIGINT, then drains and stops `server`; a second signal stops it at once."""
     await lifecycle.serve_until_signal(
-        lambda: server.drain(grace), server.close, lambda: server.drain_state.active, grace
+        lambda: server.drain(grace), server.close, lambda: server.drain_state.active, grace, server.force_close
     )
 
 
@@ -216,6 +230,7 @@ async def serve(options: ServeOptions) -> None:
             max_inflight_bytes=int(options.max_inflight_request_mb * 2**20),
             intake_options=intake.IntakeOptions(options.preprocess_threads, options.max_preprocess_queue,
                                                 int(options.max_decoded_mb * 2**20)),
+            deadline_admission=options.deadline_admission,
         )
         metrics.describe_build(options.batching, options.engine_process)
     except BaseException:
@@ -344,6 +359,30 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         raise ValueError(f"{options.models}: no model could be loaded: {reasons}")
     memory.release_free_heap()  # what building the sessions parsed and freed
     return engines, broken or {}
+
+
+async def _close_within(engines: Mapping[str, service.Engine], seconds: float) -> None:
+    """Closes every engine at once, each on a daemon thread of its own (a worker finishing its batch must
+    not hold up the loop, the other engines, or the interpreter's exit), waiting at most about `seconds`."""
+    loop = asyncio.get_running_loop()
+    closed = [loop.create_future() for _ in engines]
+
+    def close_one(name: str, model_engine: service.Engine, done: asyncio.Future) -> None:
+        try:
+            # Engines in processes take a timeout and kill their child past it; in-process ones join a thread.
+            model_engine.close(seconds)
+        except Exception:
+            logger.exception("closing model %r failed", name)
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+    for (name, model_engine), done in zip(engines.items(), closed):
+        threading.Thread(target=close_one, args=(name, model_engine, done), name=f"close-{name}", daemon=True).start()
+    if closed:
+        _, pending = await asyncio.wait(closed, timeout=seconds + 1)
+        if pending:
+            logger.warning("%d models did not close in %s s; exiting without them", len(pending), seconds)
 
 
 def _close(engines: Mapping[str, service.Engine]) -> None:

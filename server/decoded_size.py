@@ -47,6 +47,22 @@ def image_bytes(data: bytes) -> int:
         return 0
 
 
+def audio_seconds(request: GenerationRequest) -> float:
+    """The duration of the request's audio, from its WAV header or its raw samples; 0 if unreadable."""
+    from attnserve.server.audio import read_wav
+
+    audio = request.audio
+    if audio is None:
+        return 0.0
+    if audio.samples is not None:
+        return len(audio.samples) / audio.sample_rate_hz if audio.sample_rate_hz > 0 else 0.0
+    try:
+        wav = read_wav(audio.wav)
+    except Exception:
+        return 0.0
+    return wav.frames / wav.sample_rate_hz if wav.sample_rate_hz > 0 else 0.0
+
+
 def wav_bytes(data: bytes) -> int:
     """Samples (frames x channels) x SAMPLE_BYTES a WAV header declares; 0 if it cannot be read."""
     from attnserve.server.audio import read_wav

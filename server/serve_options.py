@@ -63,6 +63,9 @@ class ServeOptions:
     # MiB per model that inputs being preprocessed decode to (pixels x channels, samples x 4), read from
     # their headers before decoding; more are RESOURCE_EXHAUSTED.
     max_decoded_mb: float = 512.0
+    # Refuse at once (RESOURCE_EXHAUSTED, with a retry hint) a request its model cannot finish before its
+    # deadline, estimated from the work ahead of it and its own (server/cost.py).
+    deadline_admission: bool = True
     skip_broken_models: bool = False  # serve the healthy models when some fail to load (those: NOT_SERVING)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the port speaks TLS only
     tls_key: str | None = None  # PEM private key
@@ -234,6 +237,11 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         "max_decoded_mb",
         dict(type=float, help="MiB per model that inputs being preprocessed decode to (pixels x channels, "
              "samples x 4, from their headers); more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+    ),
+    "--no-deadline-admission": (
+        "deadline_admission",
+        dict(action="store_false", help="admit every request whatever its deadline, instead of refusing at once "
+             "(RESOURCE_EXHAUSTED, with a retry hint) what its model cannot finish in time"),
     ),
     "--skip-broken-models": (
         "skip_broken_models",

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import grpc
 
-from attnserve.server import convert, errors, generation, intake, lifecycle, logging_setup, metrics
+from attnserve.server import convert, cost, errors, generation, intake, lifecycle, logging_setup, metrics
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 
@@ -46,7 +46,7 @@ class Engine(Protocol):
 
     def cancel(self, future: concurrent.futures.Future[generation.GenerationResult]) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, timeout: float | None = None) -> None: ...
 
 
 class AttnServeServicer(pb_grpc.AttnServeServicer):
@@ -58,6 +58,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         drain: lifecycle.Drain | None = None,
         broken: Mapping[str, str] | None = None,
         intake_options: intake.IntakeOptions = intake.IntakeOptions(),
+        deadline_admission: bool = True,
     ):
         """
         Args:
@@ -66,17 +67,22 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
             broken: model name -> why it failed to load (served with --skip-broken-models); calls naming
                 one are FAILED_PRECONDITION (the reason, which names server paths, is only logged).
             intake_options: each model's preprocessing pool and limits (server/intake.py).
+            deadline_admission: refuse at once what cannot finish before its deadline (server/cost.py).
         """
         self._engines = engines
         self._drain = drain or lifecycle.Drain()
         self._broken = dict(broken or {})
         self.intakes = {name: intake.Intake(name, intake_options) for name in engines}
+        # Windowed batching states no row bound: its batches hold the 16 rows of its default batch size.
+        self.costs = {name: cost.CostModel(e.info, getattr(e, "max_rows", None) or 16) for name, e in engines.items()}
+        self._deadline_admission = deadline_admission
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         with self._drain.track(), self._counted(request, "Generate", context) as access:
             engine, gen_request = self._prepare(request)
-            async with _submitted(engine, gen_request, self.intakes[request.model], context) as future:
+            async with self._admitted(engine, gen_request, context) as (future, ticket):
                 result = await _result(future, _deadline(context))
+                self.costs[request.model].observe(gen_request, result, ticket)
             access.tokens = len(result.tokens)
         metrics.observe_result(result)
         return convert.result_to_proto(result)
@@ -92,13 +98,13 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
                 )
             engine, gen_request = self._prepare(request)
             stream = _TokenStream(asyncio.get_running_loop())
-            intake_ = self.intakes[request.model]
-            async with _submitted(engine, gen_request, intake_, context, stream.on_token) as future:
+            async with self._admitted(engine, gen_request, context, stream.on_token) as (future, ticket):
                 # Runs on the worker thread after its last on_token call, so the end marker queues last.
                 future.add_done_callback(stream.finish)
                 async for events in stream.groups(deadline, request.stream_interval):
                     yield convert.token_events_to_proto(events)
                 result = await _result(future, deadline)
+                self.costs[request.model].observe(gen_request, result, ticket)
             access.tokens = len(result.tokens)
         metrics.observe_result(result)
         yield convert.final_to_proto(result)
@@ -147,6 +153,20 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
             )
         logger.debug("request %r for model %r", request.request_id, request.model)
         return engine, convert.request_from_proto(request)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, engine: Engine, request: generation.GenerationRequest,
+                         context: grpc.aio.ServicerContext, on_token=None):
+        """`_submitted` on the model's intake, once its cost model admits it before its deadline; yields its
+        future and its admission ticket, whose rows count as admitted until the block ends."""
+        remaining = context.time_remaining() if self._deadline_admission else None
+        costs = self.costs[request.model]
+        ticket = costs.admit(request, remaining)
+        try:
+            async with _submitted(engine, request, self.intakes[request.model], context, on_token) as future:
+                yield future, ticket
+        finally:
+            costs.finished(ticket)
 
     @contextlib.contextmanager
     def _counted(

@@ -77,7 +77,7 @@ class FakeEngine:
         """The offline result: what `submit` computes, without a server."""
         return self._generate(request, None, threading.Event())
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         self.closed = True
         self._worker.shutdown(wait=True)
 

@@ -169,7 +169,7 @@ def test_async_client_retries_and_round_robins():
             async with AsyncClient([a.address, b.address], timeout=WAIT, retry=QUICK) as client:
                 texts = [(await client.translate("abc", model=MODEL)).text for _ in range(3)]
                 streamed = [e async for e in client.stream(translation_request("ab", model=MODEL))]
-                with pytest.raises(errors.InvalidArgument):
+                with pytest.raises(errors.NotFound):
                     await client.get_model("nope")
             return texts, streamed
 

@@ -209,7 +209,9 @@ def test_stacked_error_block(capsys, monkeypatch, address):
     status, lines, _ = run(capsys, monkeypatch, 40, *argv)
     assert status == 1
     assert lines[0] == "nope" and lines[1].startswith("error: NOT_FOUND: unknown model")
-    assert lines[lines.index(REVERSE) - 1] == "" and lines[lines.index(REVERSE) - 2] != ""  # one blank between
+    # The second block's title, not the model name the wrapped error lists alone on a line.
+    title = len(lines) - 1 - lines[::-1].index(REVERSE)
+    assert lines[title - 1] == "" and lines[title - 2] != ""  # one blank between
     assert all(display_width(line) <= 50 for line in lines)
 
 

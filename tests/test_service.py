@@ -340,7 +340,7 @@ def test_metrics_count_requests_by_model_and_code(served):
     stub, _, _ = served
     ok = {"model": "fake-translate", "code": "OK"}
     bad = {"model": "fake-translate", "code": "INVALID_ARGUMENT"}
-    unknown = {"model": "", "code": "INVALID_ARGUMENT"}
+    unknown = {"model": "", "code": "NOT_FOUND"}
     before = [_sample("attnserve_requests_total", **labels) for labels in (ok, bad, unknown)]
     durations = _sample("attnserve_request_duration_seconds_count", model="fake-translate")
     batch_sizes = _sample("attnserve_batch_size_sum", model="fake-translate")
@@ -508,7 +508,6 @@ def test_real_request_left_early_stops_decoding(held_server, rpc, how):
     "fields, message",
     [
         ({"text": pb.TextInput(text="")}, "empty"),
-        ({"model": "nope"}, "nope"),
         ({"target_language": "fr"}, "fr"),
         ({"text": pb.TextInput(text="hello " * 2000)}, "long"),
         ({"decoding": pb.DecodingOptions(max_new_tokens=100000)}, "100000"),
@@ -523,6 +522,12 @@ def test_real_bad_inputs_are_invalid_argument(real_server, fields, message):
     error = status_of(stub.Generate, _tiny_request(**fields), timeout=WAIT)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in error.details()
+
+
+def test_a_real_unknown_model_is_not_found(real_server):
+    stub, _ = real_server
+    error = status_of(stub.Generate, _tiny_request(model="nope"), timeout=WAIT)
+    assert error.code() == grpc.StatusCode.NOT_FOUND and "nope" in error.details()
 
 
 # ---- submitting off the event loop, binding ------------------------------------------------------------
