@@ -19,7 +19,7 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from attnserve.server import limits, preprocessing
+from attnserve.server import limits, preprocessing, preprocessors
 from attnserve.server.batcher import Batcher, BatchingOptions
 from attnserve.server.continuous import ContinuousLoop
 from attnserve.server.generation import GenerationRequest, GenerationResult, ModelInfo, StreamedToken
@@ -57,7 +57,7 @@ class ModelEngine:
         self.manifest = model.manifest
         self.runtime = runtime
         self.tokenizer = tokenizer
-        self.preprocessor = preprocessor or preprocessing.create(self.manifest, tokenizer)
+        self.preprocessor = preprocessor or preprocessors.create(self.manifest, tokenizer)
         self._validator = RequestValidator(self.manifest, self.preprocessor, batching.max_beam_size,
                                            batching.max_attention_values)
         handle = ModelHandle.open(model, runtime, self.preprocessor)
