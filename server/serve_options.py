@@ -43,7 +43,7 @@ class ServeOptions:
     max_beam_size: int = 16  # largest beam_size a request may ask for
     variant: str | None = None  # serve each model's graphs of this manifest variant (e.g. int8) where it has one
     max_rows: int = 64  # continuous batching: rows (beams count one each) decoding together per model
-    fair_share_row_steps: int = 512  # continuous batching: rows x steps before a request yields to the queue
+    fair_share_row_steps: int = 64  # continuous batching: rows x steps before a request yields to the queue
     admission_hold_steps: int = 0  # continuous batching: steps a few queued requests may wait for company
     # Continuous batching: encode requests admitted mid-flight on a second thread while the batch steps.
     overlap_encoding: bool = True

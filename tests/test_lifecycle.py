@@ -159,8 +159,10 @@ def test_an_engine_that_never_closes_does_not_keep_the_process_alive(second_sign
     """The close after the drain is bounded (app.CLOSE_SECONDS), and a second signal during it ends the
     wait at once: the whole stop fits terminationGracePeriodSeconds. Before, it waited on the engines for as
     long as they took (--engine-process: 32 s after SIGTERM, 21 s after a second SIGINT)."""
-    process, _ = _start_server(delay=0, grace=0, hang_on_close=True)
+    process, address = _start_server(delay=0, grace=0, hang_on_close=True)
     try:
+        with grpc.insecure_channel(address) as channel:  # answered: the loop is past installing its handlers
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
         process.send_signal(signal.SIGTERM)
         assert process.stdout.readline().strip() == "closing"
         if second_signal:
