@@ -186,5 +186,6 @@ def test_the_gpu_overlay_asks_for_a_gpu_and_runs_on_cuda():
     base, gpu = render("base"), render("gpu")
     assert container(gpu)["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert serve_args(gpu).device == "cuda" and serve_args(base).device == "cpu"
+    assert (serve_args(gpu).max_rows, serve_args(base).max_rows) == (64, 16)  # the HPA's rows differ too
     assert container(gpu)["image"] != container(base)["image"]
     assert container(gpu)["image"].endswith("-gpu")
