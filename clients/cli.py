@@ -203,10 +203,7 @@ def _add_transcribe(commands) -> None:
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
         help="show each word's time span and its attention over time: in the terminal, or as a PNG given a path",
     )
-    transcribe.add_argument("--beam-size", type=int, help=_BEAM_HELP)
-    transcribe.add_argument("--model", help="a served audio model (default: the first one the server lists)")
-    transcribe.add_argument("--json", action="store_true", help="print the whole response as JSON")
-    _add_address(transcribe)
+    _add_media_options(transcribe, "audio")
     transcribe.set_defaults(run=_transcribe)
 
 
@@ -215,11 +212,16 @@ def _add_caption(commands) -> None:
     caption.add_argument("file", help="a PNG or JPEG file; - reads stdin")
     caption.add_argument("--attention", type=_png_path, metavar="OUT.png",
                          help="write the image with each word's attention heatmap, one panel per word")
-    caption.add_argument("--beam-size", type=int, help=_BEAM_HELP)
-    caption.add_argument("--model", help="a served image model (default: the first one the server lists)")
-    caption.add_argument("--json", action="store_true", help="print the whole response as JSON")
-    _add_address(caption)
+    _add_media_options(caption, "image")
     caption.set_defaults(run=_caption)
+
+
+def _add_media_options(parser: argparse.ArgumentParser, kind: str) -> None:
+    """What every command for a media model shares: the search, the model, JSON output, the server."""
+    parser.add_argument("--beam-size", type=int, help=_BEAM_HELP)
+    parser.add_argument("--model", help=f"a served {kind} model (default: the first one the server lists)")
+    parser.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    _add_address(parser)
 
 
 def _add_status(commands) -> None:
