@@ -15,7 +15,8 @@ A caller may cancel an item. A queued item is dropped before it runs; a running 
 `cancelled`, and the processor, which checks the mark between its steps, ends it with CancelledError
 while its neighbours go on.
 
-The batcher knows nothing about models: the engine supplies the processor and the loop.
+The batcher knows nothing about models: the engine supplies the processor (server/windowed.py) and the
+loop (server/continuous.py).
 """
 
 from __future__ import annotations
