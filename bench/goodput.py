@@ -9,6 +9,7 @@ For each setting a fresh `attnserve serve` is started and measured twice:
      with a `--deadline`; goodput = answers within their deadline per second, reported over X.
 
     python bench/goodput.py --seconds 20 --deadline 2 --factors 2 4
+    python bench/goodput.py --model speech-en --audio clip20.wav --clients 12 --seconds 60 --deadline 20
 
 Never part of the tests (no wall-clock gates); tests/test_cost.py checks the estimator.
 """
@@ -41,7 +42,12 @@ SENTENCES = [
 ]
 
 
+AUDIO: bytes | None = None  # --audio: every request carries this WAV instead of a sentence
+
+
 def request(model: str, i: int) -> pb.GenerateRequest:
+    if AUDIO is not None:
+        return pb.GenerateRequest(model=model, audio=pb.AudioInput(data=AUDIO))
     text = SENTENCES[i % len(SENTENCES)]
     target = "zh-TW" if text.isascii() else "en"
     return pb.GenerateRequest(model=model, text=pb.TextInput(text=text), target_language=target)
@@ -112,8 +118,11 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=2.0)
     parser.add_argument("--factors", type=float, nargs="+", default=[2, 4])
     parser.add_argument("--serve", default=f"{sys.executable} -m attnserve.clients.cli")
+    parser.add_argument("--audio", type=pathlib.Path, help="send this WAV (with --model speech-en, say)")
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
+    global AUDIO
+    AUDIO = args.audio.read_bytes() if args.audio else None
     figures = {"deadline_s": args.deadline, "seconds": args.seconds,
                "without_deadline_admission": measure(args, False), "with_deadline_admission": measure(args, True)}
     print(json.dumps(figures, indent=2))
