@@ -60,7 +60,7 @@ def saturated(stub, model: str, clients: int, seconds: float) -> float:
     def client(c: int) -> int:
         done = 0
         while time.monotonic() < stop:
-            stub.Generate(request(model, c + done), timeout=120)
+            stub.Generate(request(model, c + done))  # no deadline: nothing is refused for one
             done += 1
         return done
 
