@@ -10,10 +10,11 @@ The estimate is made before preprocessing, from what is cheap to read:
 
   * the request's own work: its decoder steps (output tokens: the model's observed output per input unit,
     a unit being a character of text, a second of audio, or a whole image; capped by max_new_tokens) times
-    the time a step will take with every admitted row sharing it: on a CPU a step costs about the same per
-    row (memory-bound), so an observed step is divided by the rows admitted while it ran (the mean of their
-    count when it was admitted and when it ended) and multiplied by the rows there will be (under
-    --max-rows); plus the observed time from acceptance to the first decode step (queue, encoder);
+    the time a step will take with every admitted row sharing it: a line fitted to the observed steps
+    against the rows admitted while they ran (the mean of their count when the request was admitted and
+    when it ended), a fixed part (the weights read once per call) plus a part per row, evaluated at the rows
+    there will be (under --max-rows); until the rows seen vary, a step is taken to cost the same per row;
+    plus the observed time from acceptance to the first decode step (queue, encoder);
   * the work ahead of it: rows of the admitted requests not finished yet. While they fit under --max-rows a
     newcomer joins at the next step; beyond, it waits for rows to free: the excess over --max-rows, in
     batches of --max-rows, times the observed decode time of a request.
@@ -78,7 +79,7 @@ class CostModel:
         self.info = info
         self.max_rows = max(1, max_rows)
         self._lock = threading.Lock()
-        self._row_step_seconds: float | None = None  # one decode step, per row that shares it
+        self._steps = _StepFit()  # one decode step's seconds against the rows sharing it
         self._request_seconds: float | None = None  # one request's decode
         self._start_seconds: float | None = None  # acceptance -> first decode step (queue, encoder)
         self._tokens_per_unit: float | None = None  # output tokens per input unit (see `units`)
@@ -88,13 +89,13 @@ class CostModel:
         """The request's cost now; None until the model has answered a request (nothing to go by)."""
         rows = resolved_beam_size(request.decoding, self.info.default_beam_size)
         with self._lock:
-            if self._row_step_seconds is None:
+            if not self._steps:
                 return None
             steps = min(self._max_new_tokens(request), self._tokens_per_unit * units(request, self.info) + 1)
             sharing = min(self._rows_admitted + rows, self.max_rows)
             excess = self._rows_admitted + rows - self.max_rows
             wait = max(0.0, excess) / self.max_rows * self._request_seconds
-            return Estimate(wait, self._start_seconds + steps * sharing * self._row_step_seconds, rows)
+            return Estimate(wait, self._start_seconds + steps * self._steps.seconds(sharing), rows)
 
     def admit(self, request: GenerationRequest, remaining: float | None) -> Ticket:
         """Counts the request's rows as admitted (give them back with `finished`).
@@ -128,7 +129,7 @@ class CostModel:
         timings = result.timings
         with self._lock:
             sharing = min((ticket.sharing + self._rows_admitted) / 2, self.max_rows)
-            self._row_step_seconds = _average(self._row_step_seconds, timings.decode_seconds / steps / sharing)
+            self._steps.add(sharing, timings.decode_seconds / steps)
             self._request_seconds = _average(self._request_seconds, timings.decode_seconds)
             self._start_seconds = _average(self._start_seconds, timings.total_seconds - timings.decode_seconds)
             per_unit = len(result.tokens) / max(units(request, self.info), 1e-9)
@@ -150,3 +151,32 @@ def units(request: GenerationRequest, info: ModelInfo) -> float:
 
 def _average(old: float | None, new: float) -> float:
     return new if old is None else (1 - RATE) * old + RATE * new
+
+
+class _StepFit:
+    """Step seconds = fixed + per_row x rows, fitted by least squares over exponentially weighted
+    observations (weight RATE for the newest); the fixed part and the slope are kept at or above 0."""
+
+    def __init__(self):
+        self._n = self._x = self._y = self._xx = self._xy = 0.0  # weighted sums
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def add(self, rows: float, seconds: float) -> None:
+        keep = 1 - RATE
+        self._n = keep * self._n + 1
+        self._x = keep * self._x + rows
+        self._y = keep * self._y + seconds
+        self._xx = keep * self._xx + rows * rows
+        self._xy = keep * self._xy + rows * seconds
+
+    def seconds(self, rows: float) -> float:
+        mean_x, mean_y = self._x / self._n, self._y / self._n
+        variance = self._xx / self._n - mean_x * mean_x
+        if variance < 0.25 * max(mean_x, 1.0):  # the rows seen barely vary: the same cost per row
+            return mean_y / max(mean_x, 1e-9) * rows
+        slope = max(0.0, (self._xy / self._n - mean_x * mean_y) / variance)
+        fixed = max(0.0, mean_y - slope * mean_x)
+        return fixed + slope * rows
+

@@ -96,3 +96,14 @@ def test_served_refusal_is_resource_exhausted_and_counted_under_deadline():
         assert generate(seen, timeout=WAIT * 10).text == "olleh"  # with time enough it is admitted
     assert REGISTRY.get_sample_value("attnserve_rejected_requests_total", labels) == before + 1
 
+
+
+def test_step_time_is_a_fixed_part_plus_a_part_per_row_once_the_rows_vary():
+    from attnserve.server.cost import _StepFit
+
+    fit = _StepFit()
+    fit.add(8, 0.036)
+    assert fit.seconds(16) == pytest.approx(0.072)  # one row count seen: proportional
+    for rows in (1, 10, 20, 5, 30):
+        fit.add(rows, 0.02 + 0.002 * rows)  # 20 ms per call (the weights), 2 ms per row
+    assert fit.seconds(40) == pytest.approx(0.02 + 0.002 * 40, rel=0.1)  # not 40 x the mean per row
