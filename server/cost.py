@@ -14,13 +14,14 @@ The estimate is made before preprocessing, from what is cheap to read:
     against the rows admitted while they ran (the mean of their count when the request was admitted and
     when it ended), a fixed part (the weights read once per call) plus a part per row, evaluated at the rows
     there will be (under --max-rows); until the rows seen vary, a step is taken to cost the same per row;
-    plus the observed time from acceptance to the first decode step (queue, encoder);
+    plus the observed encoder time;
   * the work ahead of it: rows of the admitted requests not finished yet. While they fit under --max-rows a
     newcomer joins at the next step; beyond, it waits for rows to free: the excess over --max-rows, in
     batches of --max-rows, times the observed decode time of a request.
 
 Observations are exponentially weighted (RATE) over answered requests; a model not yet observed admits
-everything. Requests without a deadline are always admitted. A request is refused when its estimate is
+everything, and so does an idle one (nothing admitted): estimates learned under heavy load would otherwise
+refuse every request and never see one answered again. Requests without a deadline are always admitted. A request is refused when its estimate is
 over its remaining time; SLACK keeps estimation noise from refusing what would just fit.
 """
 
@@ -81,7 +82,7 @@ class CostModel:
         self._lock = threading.Lock()
         self._steps = _StepFit()  # one decode step's seconds against the rows sharing it
         self._request_seconds: float | None = None  # one request's decode
-        self._start_seconds: float | None = None  # acceptance -> first decode step (queue, encoder)
+        self._encode_seconds: float | None = None  # the encoder call (queueing is the wait's to count)
         self._tokens_per_unit: float | None = None  # output tokens per input unit (see `units`)
         self._rows_admitted = 0  # rows of admitted requests not finished yet
 
@@ -95,7 +96,7 @@ class CostModel:
             sharing = min(self._rows_admitted + rows, self.max_rows)
             excess = self._rows_admitted + rows - self.max_rows
             wait = max(0.0, excess) / self.max_rows * self._request_seconds
-            return Estimate(wait, self._start_seconds + steps * self._steps.seconds(sharing), rows)
+            return Estimate(wait, self._encode_seconds + steps * self._steps.seconds(sharing), rows)
 
     def admit(self, request: GenerationRequest, remaining: float | None) -> Ticket:
         """Counts the request's rows as admitted (give them back with `finished`).
@@ -106,7 +107,7 @@ class CostModel:
         Raises:
             OverloadedError: (reason "deadline") it cannot finish in time; `retry_after` is the wait ahead.
         """
-        estimate = self.estimate(request) if remaining is not None else None
+        estimate = self.estimate(request) if remaining is not None and self._rows_admitted else None
         if estimate is not None and estimate.seconds > SLACK * remaining:
             raise OverloadedError(
                 f"model '{self.info.name}' cannot answer within the deadline: about {estimate.wait_seconds:.1f} s "
@@ -123,15 +124,15 @@ class CostModel:
             self._rows_admitted -= ticket.rows
 
     def observe(self, request: GenerationRequest, result: GenerationResult, ticket: Ticket) -> None:
-        """Learns from an answered request (before it is `finished`): its step time per row sharing it, its
-        decode time, its time to the first step and its output per input unit."""
+        """Learns from an answered request (before it is `finished`): its step time against the rows sharing
+        it, its decode time, its encoder time and its output per input unit."""
         steps = len(result.tokens) + 1  # EOS, or the step that hit the limit
         timings = result.timings
         with self._lock:
             sharing = min((ticket.sharing + self._rows_admitted) / 2, self.max_rows)
             self._steps.add(sharing, timings.decode_seconds / steps)
             self._request_seconds = _average(self._request_seconds, timings.decode_seconds)
-            self._start_seconds = _average(self._start_seconds, timings.total_seconds - timings.decode_seconds)
+            self._encode_seconds = _average(self._encode_seconds, timings.encode_seconds)
             per_unit = len(result.tokens) / max(units(request, self.info), 1e-9)
             self._tokens_per_unit = _average(self._tokens_per_unit, per_unit)
 

@@ -70,11 +70,12 @@ def test_the_estimate_scales_with_the_input_the_rows_sharing_and_the_rows_ahead(
 
 def test_what_cannot_finish_in_time_is_refused_with_a_retry_hint(costs):
     long = GenerationRequest("m", "x" * 20, decoding=DecodingOptions(max_new_tokens=30))
-    costs.finished(costs.admit(long, remaining=5.0))  # 2.1 s of 5: admitted
-    with pytest.raises(OverloadedError, match=r"cannot answer within the deadline: .* 2\.1 s of decoding, 1\.0 s "
+    assert costs.admit(long, remaining=1.0).rows == 1  # an idle model admits: it must go on learning
+    with pytest.raises(OverloadedError, match=r"cannot answer within the deadline: .* 4\.2 s of decoding, 1\.0 s "
                                               r"left; retry in") as refused:
-        costs.admit(long, remaining=1.0)
+        costs.admit(long, remaining=1.0)  # 21 steps x 2 rows x 0.1 s
     assert refused.value.reason == "deadline" and refused.value.retry_after == 0.0
+    costs.admit(long, remaining=6.0)  # 4.2 s of 6 x 0.8: admitted
 
 
 def test_served_refusal_is_resource_exhausted_and_counted_under_deadline():
@@ -89,6 +90,7 @@ def test_served_refusal_is_resource_exhausted_and_counted_under_deadline():
         # What the fake is seen to do, made slow: 10 s a step.
         (costs,) = background.server.costs.values()
         _observe(costs, GenerationRequest(engine.info.name, "hello"), _result(5, 60.0))
+        costs.admit(GenerationRequest(engine.info.name, "busy"), None)  # not idle: estimates apply
         with pytest.raises(grpc.RpcError) as refused:
             generate(seen, timeout=5)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
