@@ -22,7 +22,6 @@ import random
 import subprocess
 
 import numpy as np
-from scipy import signal
 
 from attnserve.export.speech.augment import _noise
 
@@ -138,8 +137,9 @@ def apply(samples: np.ndarray, channel: Channel, seed: int) -> np.ndarray:
         x = np.frombuffer(_sox(x.tobytes(), _float_args(SAMPLE_RATE), _FLOAT, effects), np.float32)
     x = x.astype(np.float64)
     if channel.room is not None:
-        rir = rooms()[channel.room]
-        x = signal.fftconvolve(x, rir)[: len(x)]
+        from scipy import signal  # the rooms' extra (pyroomacoustics brings it)
+
+        x = signal.fftconvolve(x, rooms()[channel.room])[: len(x)]
     x = x / (np.abs(x).max() or 1.0) * 0.7  # headroom for the codec
     if channel.codec:
         x = _codec_round_trip(x, channel)
