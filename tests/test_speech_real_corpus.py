@@ -268,3 +268,32 @@ def test_real_drascula_package_reads_english():
     clips = {c.key: c for c in drascula.clips(_package_root("drascula"))}
     assert len(clips) > 700
     assert clips["1.ALS"].text.startswith("THAT'S THE SECOND BIGGEST DOOR")
+
+
+# --- the mixed corpus and the evaluation's pieces -------------------------------------------------------
+
+def _row(uid: str, voice: str) -> dict:
+    return {"id": uid, "path": f"dev/{uid}.wav", "text": "hello", "spoken": "Hello.", "source": "s", "split": "dev",
+            "engine": "recorded", "voice": voice, "voice_settings": {}, "augmentation": {}, "duration": 1.0,
+            "sample_rate": 16000, "words": [], "word_times": "none", "inexact_words": 0}
+
+
+def test_mix_dev_rows_let_voices_take_turns(tmp_path):
+    from attnserve.export.speech import mix
+
+    rows = [_row(f"a{i}", "q:A") for i in range(3)] + [_row("b0", "q:B")] + [_row(f"c{i}", "q:C") for i in range(2)]
+    manifest.write(tmp_path / "dev.jsonl", rows)
+    turns = mix.dev_rows(tmp_path, "real")
+    assert [r["id"] for r in turns] == ["real_a0", "real_b0", "real_c0", "real_a1", "real_c1", "real_a2"]
+    assert turns[0]["path"] == "real/dev/a0.wav"
+
+
+def test_sphinx_words_and_merged_runs(tmp_path):
+    from attnserve.export.speech import evaluate_real
+
+    assert evaluate_real.sphinx_words("<s> THE(2) cat's [noise] sat-down </s>") == "the cat's satdown"
+    for name, model in (("a", "m/6"), ("b", "m/7")):
+        (tmp_path / f"{name}.json").write_text(
+            '{"clips": 60, "splits": {"x.every2": {"%s": {"cer": 0.1}}}}' % model)
+    merged = evaluate_real.merge([tmp_path / "a.json", tmp_path / "b.json"])
+    assert merged["splits"] == {"x.every2": {"m/6": {"cer": 0.1}, "m/7": {"cer": 0.1}}}

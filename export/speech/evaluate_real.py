@@ -105,20 +105,41 @@ def model_split(model_dir: pathlib.Path, corpus: pathlib.Path, split: str) -> di
             engine.close()
 
 
+def merge(paths: list[pathlib.Path]) -> dict:
+    """Several runs' scores as one: each split's entries side by side (a split's subset is named by its clip
+    spacing, `<split>.every<k>`, so entries under one name scored the same clips)."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    merged: dict = {"clips": sorted({r["clips"] for r in runs}, key=str), "splits": {}, "runs": [str(p) for p in paths]}
+    for run in runs:
+        for split, entry in run["splits"].items():
+            merged["splits"].setdefault(split, {}).update(entry)
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", type=pathlib.Path, nargs="+", required=True, help="version folders")
-    parser.add_argument("--real", type=pathlib.Path, required=True, help="export/speech/real.py's output")
+    parser.add_argument("--models", type=pathlib.Path, nargs="+", help="version folders")
+    parser.add_argument("--real", type=pathlib.Path, help="export/speech/real.py's output")
+    parser.add_argument("--merge", type=pathlib.Path, nargs="+", help="combine these runs' outputs into --out, and stop")
     parser.add_argument("--tts", type=pathlib.Path, help="export/speech/build.py's output")
     parser.add_argument("--clips", type=int, help="about N clips of each split, spread evenly over it")
     parser.add_argument("--no-sphinx", action="store_true", help="leave PocketSphinx out")
+    parser.add_argument("--splits", nargs="+", default=["test_real_heldout", "test_heldout_voices", "test_seen"],
+                        help="which of the three to score")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
+    if args.merge:
+        text = json.dumps(merge(args.merge), indent=1)
+        if args.out:
+            args.out.write_text(text + "\n")
+        return
+    if not args.models or args.real is None:
+        parser.error("--models and --real are needed (or --merge)")
     sets = [(args.real, "test_real_heldout")]
     if args.tts is not None:
         sets += [(args.tts, "test_heldout_voices"), (args.tts, "test_seen")]
     scores: dict = {"clips": args.clips, "splits": {}}
-    for corpus, split in sets:
+    for corpus, split in [(c, s) for c, s in sets if s in args.splits]:
         split = subset(corpus, split, args.clips)
         entry = scores["splits"][split] = {}
         for model_dir in args.models:

@@ -87,8 +87,13 @@ def link(out: pathlib.Path, name: str, target: pathlib.Path) -> None:
 
 
 def dev_rows(corpus: pathlib.Path, prefix: str) -> list[dict]:
-    rows = manifest.read(corpus / "dev.jsonl")
-    return [{**row, "id": f"{prefix}_{row['id']}", "path": f"{prefix}/{row['path']}"} for row in rows]
+    """The corpus's dev rows, voices taking turns, so that the first N (`train --dev-clips`) hear every voice."""
+    by_voice: dict[str, list[dict]] = {}
+    for row in manifest.read(corpus / "dev.jsonl"):
+        by_voice.setdefault(row["voice"], []).append(row)
+    turns = [row for k in range(max(map(len, by_voice.values()), default=0))
+             for rows in by_voice.values() if k < len(rows) for row in rows[k : k + 1]]
+    return [{**row, "id": f"{prefix}_{row['id']}", "path": f"{prefix}/{row['path']}"} for row in turns]
 
 
 def build(real: pathlib.Path, tts: pathlib.Path | None, out: pathlib.Path, real_copies: int, tts_copies: int,

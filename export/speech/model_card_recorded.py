@@ -92,7 +92,8 @@ def render(checkpoint: dict, start: dict, scores: dict, real: dict, mix: dict, m
         "",
         "## Before -> after, beside PocketSphinx 5 (served default search; PocketSphinx's en-us model, same clips)",
         "",
-        f"Clips: about {scores['clips']} per split, spread evenly over it (`evaluate_real --clips`).",
+        "Clips: a subset spread evenly over each split (`<split>.every<k>`: every k-th clip; `evaluate_real --clips`),"
+        " the same clips for each column.",
         "",
         *comparison_lines(scores, before, after),
         "",
