@@ -34,6 +34,14 @@ def comparison_lines(scores: dict, before: str, after: str) -> list[str]:
     return lines
 
 
+def verdict_line(scores: dict, before: str, after: str) -> str:
+    """Where the new version's WER is lower or higher than the earlier one's, split by split."""
+    better = [s for s, e in scores["splits"].items() if e[after]["wer"] < e[before]["wer"]]
+    worse = [s for s, e in scores["splits"].items() if e[after]["wer"] > e[before]["wer"]]
+    return (f"Against {before} (WER, the table below): lower on {', '.join(better) or 'nothing'}; higher on"
+            f" {', '.join(worse) or 'nothing'}. {before} stays loadable beside it.")
+
+
 def recorded_data_lines(real: dict, mix: dict) -> list[str]:
     lines = ["| source | split | hours |", "|---|---|---|"]
     lines += [f"| {key.split('/')[0]} | {key.split('/')[1]} | {hours:.2f} |" for key, hours in real["hours"].items()]
@@ -66,6 +74,8 @@ def render(checkpoint: dict, start: dict, scores: dict, real: dict, mix: dict, m
         "characters held out) and synthesized speech, every clip through a random recording channel (room, band,",
         "codec, noise, level, speed) and SpecAugment. It is still far from usable on arbitrary microphones: see",
         "the scores.",
+        "",
+        verdict_line(scores, before, after),
         "",
         "## Model",
         listener_lines(cfg),
