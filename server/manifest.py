@@ -26,11 +26,25 @@ STATE_DTYPES = ("float32", "float16", "int64", "int32", "bool")
 
 
 @dataclasses.dataclass(frozen=True)
-class TokenizerSpec:
+class SourceTokenizerSpec:
+    """A tokenizer of its own for reading text sources, when the model reads and writes differently (an
+    imported Marian model: source SentencePiece model and vocabulary; docs/model-contract.md)."""
+
     # Tokenizer file name inside the version folder.
+    file: str
+    # The encoder's vocabulary, a JSON object piece -> id (0..N-1): the tokenizer's ids from N on (pieces the
+    # vocabulary lacks) are read as `unk`, and a run of characters it could not segment is looked up here.
+    vocab: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSpec:
+    # Tokenizer file name inside the version folder (the output's; text sources too unless `source` is set).
     file: str
     # How pieces group into words for word-level attention (see WORD_BOUNDARIES).
     word_boundary: str
+    # The source text's own tokenizer; None = `file` reads the source too.
+    source: SourceTokenizerSpec | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,7 +379,11 @@ def _limits(r: FieldReader, spec: InputSpec) -> Limits:
 
 
 def _tokenizer(r: FieldReader) -> TokenizerSpec:
-    spec = TokenizerSpec(file=r.string("file"), word_boundary=r.string("word_boundary"))
+    source = None
+    if "source" in r.data:
+        s = r.obj("source")
+        source = SourceTokenizerSpec(s.string("file"), s.string("vocab"))
+    spec = TokenizerSpec(file=r.string("file"), word_boundary=r.string("word_boundary"), source=source)
     if spec.word_boundary not in WORD_BOUNDARIES:
         r.fail(f"word_boundary {spec.word_boundary!r} is not one of {list(WORD_BOUNDARIES)}")
     return spec
