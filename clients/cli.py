@@ -97,6 +97,12 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
 
         serve_options.add_arguments(serve)
         serve.set_defaults(run=_serve)
+        imports = commands.add_parser("import", help="turn a transformers checkpoint folder into a served model")
+        # Its flags import nothing heavy; the importer itself (torch, transformers) loads only when it runs.
+        from attnserve.export.importers import command as import_command
+
+        import_command.add_arguments(imports)
+        imports.set_defaults(run=import_command.run)
 
     translate = commands.add_parser("translate", help="translate text and optionally show the attention")
     translate.add_argument("text")
