@@ -214,6 +214,22 @@ def test_int8_variant_serves_and_its_agreement_with_float32_is_reported(repo, en
     assert all(q) or same > 0  # it serves real outputs; the agreement is reported, not a pass mark
 
 
+def test_separate_vocabularies_and_embeddings_serve_as_generate(tmp_path, capsys):
+    checkpoint = tiny_marian.build(tmp_path / "separate", seed=1, separate=True)
+    assert cli.main(["import", str(checkpoint), "--name", NAME, "--repository", str(tmp_path / "repo")]) == 0
+    engine = load_engine(find_models(tmp_path / "repo")[NAME], RuntimeOptions(), BatchingOptions())
+    try:
+        hf = tiny_marian.transformers_model(checkpoint), tiny_marian.transformers_tokenizer(checkpoint)
+        _, out = generate(hf, TEXTS[:8], num_beams=1)
+        results = [f.result(120) for f in [engine.submit(request(t)) for t in TEXTS[:8]]]
+        assert [[t.id for t in r.tokens] for r in results] == [tokens_of(row) for row in out.sequences]
+        assert [r.text for r in results] == hf[1].batch_decode(out.sequences, skip_special_tokens=True)
+        lines = tiny_marian.lines(300, seed=12)
+        assert [engine.tokenizer.encode(x) for x in lines] == [hf[1](x).input_ids for x in lines]
+    finally:
+        engine.close()
+
+
 def test_safetensors_and_weights_only_bin_load_the_same_tensors(checkpoint, tmp_path):
     from attnserve.export.importers.checkpoint import Checkpoint
 

@@ -77,33 +77,45 @@ def _train_spm(sentences: list[str], size: int) -> bytes:
     return model.getvalue()
 
 
-def _marian_vocab(source: bytes, target: bytes) -> dict[str, int]:
-    """As Marian's converter writes it: </s> 0, <unk> 1, both models' pieces, <pad> last."""
+def _marian_vocab(*models: bytes, size: int | None = None) -> dict[str, int]:
+    """As Marian's converter writes it: </s> 0, <unk> 1, the models' pieces, <pad> last; `size`: filled up to
+    that many pieces with pieces no model makes (the benchmark's 65,001)."""
     import sentencepiece
 
     pieces = ["</s>", "<unk>"]
-    for proto in (source, target):
+    for proto in models:
         sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
         for i in range(sp.get_piece_size()):
             piece = sp.id_to_piece(i)
             if not (sp.is_control(i) or sp.is_unknown(i)) and piece not in pieces:
                 pieces.append(piece)
+    pieces += [f"{chr(0x2581)}filler{i}" for i in range((size or 0) - len(pieces) - 1)]
     pieces.append("<pad>")
     return {p: i for i, p in enumerate(pieces)}
 
 
-def _configs(vocab_size: int) -> tuple[dict, dict]:
+def _configs(vocab_size: int, sizes: dict, separate: bool) -> tuple[dict, dict]:
     pad = vocab_size - 1
     config = json.loads((FIXTURES / "opus-mt-zh-en" / "config.json").read_text())
-    config.update(SIZES, vocab_size=vocab_size, decoder_vocab_size=vocab_size, pad_token_id=pad,
-                  decoder_start_token_id=pad, bad_words_ids=[[pad]], max_length=MAX_LENGTH)
+    max_length = MAX_LENGTH if sizes else config["max_length"]
+    config.update(sizes, vocab_size=vocab_size, decoder_vocab_size=vocab_size, pad_token_id=pad,
+                  share_encoder_decoder_embeddings=not separate,
+                  decoder_start_token_id=pad, bad_words_ids=[[pad]], max_length=max_length)
     generation = json.loads((FIXTURES / "opus-mt-zh-en" / "generation_config.json").read_text())
-    generation.update(pad_token_id=pad, decoder_start_token_id=pad, bad_words_ids=[[pad]], max_length=MAX_LENGTH)
+    generation.update(pad_token_id=pad, decoder_start_token_id=pad, bad_words_ids=[[pad]], max_length=max_length)
     return config, generation
 
 
-def build(folder: pathlib.Path, seed: int = 0, weights: str = "model.safetensors") -> pathlib.Path:
-    """Writes the checkpoint folder and returns it."""
+def build(folder: pathlib.Path, seed: int = 0, weights: str = "model.safetensors", real_sizes: bool = False,
+          separate: bool = False) -> pathlib.Path:
+    """Writes the checkpoint folder and returns it.
+
+    Args:
+        real_sizes: opus-mt-zh-en's own sizes (65,001 pieces) and transformers' initialisation, not widened
+            (bench/import_ctranslate2.py).
+        separate: separate source and target vocabularies and embeddings (`separate_vocabs`,
+            `share_encoder_decoder_embeddings` false), of one size, as the tc-big OPUS-MT models have.
+    """
     import torch
     from safetensors.torch import save_file
     from transformers import MarianConfig, MarianMTModel
@@ -112,25 +124,28 @@ def build(folder: pathlib.Path, seed: int = 0, weights: str = "model.safetensors
     rng = random.Random(seed)
     source = _train_spm([zh_line(rng) for _ in range(400)], 120)
     target = _train_spm([en_line(rng) for _ in range(400)], 150)
-    vocab = _marian_vocab(source, target)
-    config, generation = _configs(len(vocab))
+    size = 65001 if real_sizes else None
+    if separate:  # both filled to one size, so that pad (the last id) is the same on both sides
+        widest = max(len(_marian_vocab(source)), len(_marian_vocab(target)))
+        vocab, target_vocab = _marian_vocab(source, size=widest), _marian_vocab(target, size=widest)
+        (folder / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False, indent=2))
+    else:
+        vocab = _marian_vocab(source, target, size=size)
+    config, generation = _configs(len(vocab), {} if real_sizes else SIZES, separate)
     (folder / "source.spm").write_bytes(source)
     (folder / "target.spm").write_bytes(target)
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=2))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
-    (folder / "tokenizer_config.json").write_text((FIXTURES / "opus-mt-zh-en" / "tokenizer_config.json").read_text())
+    tokenizer_config = json.loads((FIXTURES / "opus-mt-zh-en" / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, **({"separate_vocabs": True} if separate else {})}))
     torch.manual_seed(seed)
     model = MarianMTModel(MarianConfig.from_dict(config)).eval()
     with torch.no_grad():
-        for layer in model.model.decoder.layers:
-            cross = layer.encoder_attn
-            for weight, scale in ((cross.q_proj.weight, SHARPNESS), (cross.k_proj.weight, SHARPNESS),
-                                  (cross.v_proj.weight, SOURCE_WEIGHT), (cross.out_proj.weight, SOURCE_WEIGHT)):
-                weight.mul_(scale)
-        model.model.decoder.layers[-1].final_layer_norm.weight.mul_(LOGIT_SCALE)
-        model.final_logits_bias.normal_(0.0, 0.5)
-        model.final_logits_bias[0, config["eos_token_id"]] += EOS_BIAS
+        if real_sizes:
+            model.final_logits_bias.normal_(0.0, 0.5)
+        else:
+            _widen(model, config["eos_token_id"])
     # As transformers saves it: no static position tables; tied weights stored once each name.
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if "embed_positions" not in k}
     if weights.endswith(".safetensors"):
@@ -138,6 +153,18 @@ def build(folder: pathlib.Path, seed: int = 0, weights: str = "model.safetensors
     else:
         torch.save(state, folder / weights)
     return folder
+
+
+def _widen(model, eos: int) -> None:
+    """Peaked, source-dependent attention and outputs of a few tokens (see SHARPNESS)."""
+    for layer in model.model.decoder.layers:
+        cross = layer.encoder_attn
+        for weight, scale in ((cross.q_proj.weight, SHARPNESS), (cross.k_proj.weight, SHARPNESS),
+                              (cross.v_proj.weight, SOURCE_WEIGHT), (cross.out_proj.weight, SOURCE_WEIGHT)):
+            weight.mul_(scale)
+    model.model.decoder.layers[-1].final_layer_norm.weight.mul_(LOGIT_SCALE)
+    model.final_logits_bias.normal_(0.0, 0.5)
+    model.final_logits_bias[0, eos] += EOS_BIAS
 
 
 def transformers_model(folder: pathlib.Path):

@@ -67,10 +67,10 @@ def load_model(ckpt: Checkpoint):
     model = MarianMTModel(config)
     state = ckpt.state_dict()
     result = model.load_state_dict(state, strict=False)
-    # Not saved by transformers: the static position tables, and weights tied to the shared embedding.
-    derived = {"model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight",
-               "final_logits_bias", "lm_head.weight", "model.encoder.embed_tokens.weight",
-               "model.decoder.embed_tokens.weight"}
+    # Not saved by transformers: the static position tables, and weights tied to the one it keeps.
+    derived = {"model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight", "lm_head.weight"}
+    if config.share_encoder_decoder_embeddings:
+        derived |= {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"}
     missing = sorted(set(result.missing_keys) - derived)
     if result.unexpected_keys or missing:
         raise ValueError(f"{ckpt.weights_path}: weights do not fit config.json: unexpected "
@@ -113,6 +113,9 @@ def vocabularies(ckpt: Checkpoint, tokenizer_config: dict) -> Vocabularies:
         missing = [p for p in SPECIAL_PIECES if p not in vocab]
         if missing:
             raise ValueError(f"{ckpt.folder}/{name}: no {', '.join(missing)} piece")
+    differ = [p for p in ("</s>", "<unk>") if source[p] != target[p]]
+    if differ:
+        raise ValueError(f"{ckpt.folder}: {', '.join(differ)} have different ids in vocab.json and target_vocab.json")
     codes = [p for p in target if p.startswith(">>") and p.endswith("<<")]
     if codes:
         raise ValueError(f"{ckpt.folder}: a multilingual Marian model (target-language tokens such as {codes[0]}) "

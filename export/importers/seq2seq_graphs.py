@@ -155,9 +155,11 @@ class DecoderStepGraph(nn.Module):
             x = p.block(x, layer.final_layer_norm, _feed_forward(layer))
         if p.decoder_norm is not None:
             x = p.decoder_norm(x)
-        logits = p.lm_head(x[:, 0])  # (B, V)
-        if p.logits_bias is not None:
-            logits = logits + p.logits_bias
+        # From 2-D input with a bias the exporter emits one Gemm(transB=1) reading the (tied) table itself;
+        # without one it folds a transposed copy of it into the graph (133 MB at opus-mt's 65,001 x 512).
+        weight = p.lm_head.weight
+        bias = p.logits_bias if p.logits_bias is not None else weight.new_zeros(weight.shape[0])
+        logits = nn.functional.linear(x[:, 0], weight, bias)  # (B, V)
         return (logits, *new_kv, torch.stack(cross_weights, dim=1))  # cross_attentions (B, L, H, S)
 
     def _attend_cached(self, attn, h, past_k, past_v, new_k, new_v, mask):
