@@ -267,3 +267,26 @@ def _edit(path, **changes):
     data = json.loads(path.read_text())
     data.update(changes)
     path.write_text(json.dumps(data))
+
+
+def test_compare_shows_the_imported_model_beside_a_bundled_style_translator(repo, engine, tiny_model_dir,
+                                                                            tmp_path, capsys):
+    from attnserve.server import app
+
+    both = tmp_path / "models"
+    shutil.copytree(repo / NAME, both / NAME)
+    shutil.copytree(tiny_model_dir.parent, both / tiny_model_dir.parent.name)
+    engines = app.load_engines(app.ServeOptions(models=str(both)))
+    try:
+        with app.BackgroundServer(engines) as background:
+            status = cli.main(["compare", TEXTS[0], "--models", f"{NAME},{tiny_model_dir.parent.name}", "--json",
+                               "--address", background.address])
+    finally:
+        for e in engines.values():
+            e.close()
+    out = json.loads(capsys.readouterr().out)
+    assert status == 0 and out[tiny_model_dir.parent.name]["tokens"]
+    served = out[NAME]
+    # compare names no search: the manifest default, the checkpoint's 4 beams
+    assert [t["id"] for t in served["tokens"]] == [t.id for t in engine.generate(request(TEXTS[0], beam=0)).tokens]
+    assert len(served["attention"]["weights"]) == len(served["tokens"])
