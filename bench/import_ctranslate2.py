@@ -11,6 +11,7 @@ own `TransformersConverter` (float32). Then, greedy, one intra-op thread on both
   compared token by token;
 - attnserve: `attnserve serve` (continuous batching, the default) under --clients concurrent gRPC clients
   for --seconds (bench/concurrency.py's closed loop), generated tokens/s and the server's peak RSS;
+- attnserve in process: the engine alone (no gRPC, no clients sharing the CPU), all sentences at once;
 - CTranslate2: `translate_batch` over the same sentences, max_batch_size = --clients, repeated for
   --seconds, in a child process of its own (fed MarianTokenizer's pieces, no transformers loaded) so its peak
   RSS is its own;
@@ -75,6 +76,29 @@ async def served(address: str, texts: list[str], max_new: int) -> list[list[str]
     return [[t.piece for t in r.tokens] for r in results]
 
 
+def in_process(repo: pathlib.Path, texts: list[str], max_new: int, seconds: float) -> dict:
+    """The engine alone, in this process: every sentence submitted at once (continuous batching, up to 32
+    rows), repeated for `seconds`, as bench/ctranslate2_compare.py's batch_32: no gRPC, no clients."""
+    from attnserve.server.batcher import BatchingOptions
+    from attnserve.server.engine import load_engine
+    from attnserve.server.repository import find_models
+    from attnserve.server.runtime import RuntimeOptions
+
+    started = time.perf_counter()
+    engine = load_engine(find_models(repo)[NAME], RuntimeOptions(), BatchingOptions())
+    load_s = time.perf_counter() - started
+    requests = [GenerationRequest(NAME, t, "", DecodingOptions(max_new, 1)) for t in texts]
+    try:
+        [f.result() for f in [engine.submit(r) for r in requests]]  # warm-up
+        tokens, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            tokens += sum(len(f.result().tokens) for f in [engine.submit(r) for r in requests])
+        elapsed = time.perf_counter() - started
+    finally:
+        engine.close()
+    return {"tokens_per_s": tokens / elapsed, "load_s": load_s}
+
+
 def ctranslate2_child(args: argparse.Namespace) -> None:
     """The CTranslate2 side, in its own process: prints one JSON line."""
     import ctranslate2
@@ -127,6 +151,7 @@ def main() -> None:
         report["attnserve"] = {**load, "peak_rss_mb": server.peak_rss_mb()}
     finally:
         server.stop()
+    report["attnserve_in_process"] = in_process(repo, texts, args.max_new_tokens, args.seconds)
     from transformers import MarianTokenizer
 
     tokenizer = MarianTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
@@ -142,6 +167,7 @@ def main() -> None:
     report["ctranslate2"] = theirs
     report["outputs_identical"] = f"{sum(a == b for a, b in zip(ours, outputs))}/{len(texts)}"
     report["speed_ratio"] = report["attnserve"]["tokens_per_s"] / theirs["tokens_per_s"]
+    report["speed_ratio_in_process"] = report["attnserve_in_process"]["tokens_per_s"] / theirs["tokens_per_s"]
     report["sizes_mb"] = {p.name: p.stat().st_size / 2**20 for p in sorted((repo / NAME / "1").iterdir())}
     text = json.dumps(report, indent=2)
     print(text)
