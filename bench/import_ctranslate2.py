@@ -80,7 +80,7 @@ def in_process(repo: pathlib.Path, texts: list[str], max_new: int, seconds: floa
     """The engine alone, in this process: every sentence submitted at once (continuous batching, up to 32
     rows), repeated for `seconds`, as bench/ctranslate2_compare.py's batch_32: no gRPC, no clients."""
     from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.engine import load_engine
+    from attnserve.server.registry import load_engine
     from attnserve.server.repository import find_models
     from attnserve.server.runtime import RuntimeOptions
 

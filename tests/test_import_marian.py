@@ -20,7 +20,7 @@ import pytest
 import tiny_marian
 from attnserve.clients import cli
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine
+from attnserve.server.registry import load_engine
 from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
