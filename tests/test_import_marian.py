@@ -200,18 +200,27 @@ def test_tokenizer_json_equals_marian_tokenizer_on_1200_lines_each_way(engine, h
     assert encoded_differ == [] and decoded_differ == []
 
 
-def test_int8_variant_serves_and_its_agreement_with_float32_is_reported(repo, engine):
-    int8 = load_engine(find_models(repo)[NAME], RuntimeOptions(variant="int8"), BatchingOptions())
+@pytest.mark.parametrize("variant", ["int8", "fp16"])
+def test_lower_precision_variants_serve_and_their_agreement_with_float32_is_reported(repo, engine, variant, tmp_path):
+    if variant == "fp16":  # written by the same quantizer the --variant flag runs (the fixture made int8)
+        from attnserve.export.quantize import quantize_folder
+
+        shutil.copytree(repo / NAME, tmp_path / NAME)
+        quantize_folder(tmp_path / NAME / "1", "fp16")
+        repo = tmp_path
+    other = load_engine(find_models(repo)[NAME], RuntimeOptions(variant=variant), BatchingOptions())
     try:
-        assert int8.info.variant == "int8"
+        assert other.info.variant == variant
         lines = tiny_marian.lines(30, seed=5)
         fp32 = [[t.id for t in engine.generate(request(x)).tokens] for x in lines]
-        q = [[t.id for t in int8.generate(request(x)).tokens] for x in lines]
+        low = [[t.id for t in other.generate(request(x)).tokens] for x in lines]
     finally:
-        int8.close()
-    same = sum(a == b for a, b in zip(fp32, q))
-    print(f"int8 outputs equal to float32 on {same}/{len(lines)} lines")
-    assert all(q) or same > 0  # it serves real outputs; the agreement is reported, not a pass mark
+        other.close()
+    same = sum(a == b for a, b in zip(fp32, low))
+    print(f"{variant} outputs equal to float32 on {same}/{len(lines)} lines")
+    # A broken variant (wrong weights, lost bias) agrees on almost nothing; int8 of random widened weights
+    # drifts on some lines (23/30 here), float16 on none.
+    assert same >= {"int8": 0.5, "fp16": 0.9}[variant] * len(lines)
 
 
 def test_separate_vocabularies_and_embeddings_serve_as_generate(tmp_path, capsys):

@@ -22,7 +22,7 @@ BOOKKEEPING_KEYS = frozenset({
     "output_hidden_states", "use_cache", "gradient_checkpointing", "tie_word_embeddings",
     "is_encoder_decoder", "problem_type", "chunk_size_feed_forward", "tokenizer_class", "prefix",
     "task_specific_params", "finetuning_task", "cross_attention_hidden_size", "add_cross_attention",
-    "torchscript", "pruned_heads", "is_decoder", "tf_legacy_loss", "use_bfloat16",
+    "torchscript", "pruned_heads", "is_decoder", "tf_legacy_loss", "use_bfloat16", "output_past",
     # training-only settings: dropout is off and initialisation is over when serving
     "dropout", "attention_dropout", "activation_dropout", "classifier_dropout", "classif_dropout",
     "encoder_layerdrop", "decoder_layerdrop", "init_std", "layerdrop",

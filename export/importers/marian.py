@@ -68,7 +68,9 @@ def load_model(ckpt: Checkpoint):
     state = ckpt.state_dict()
     result = model.load_state_dict(state, strict=False)
     # Not saved by transformers: the static position tables, and weights tied to the one it keeps.
-    derived = {"model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight", "lm_head.weight"}
+    derived = {"model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
+    if getattr(config, "tie_word_embeddings", True):
+        derived.add("lm_head.weight")
     if config.share_encoder_decoder_embeddings:
         derived |= {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"}
     missing = sorted(set(result.missing_keys) - derived)
