@@ -299,3 +299,28 @@ def test_compare_shows_the_imported_model_beside_a_bundled_style_translator(repo
     # compare names no search: the manifest default, the checkpoint's 4 beams
     assert [t["id"] for t in served["tokens"]] == [t.id for t in engine.generate(request(TEXTS[0], beam=0)).tokens]
     assert len(served["attention"]["weights"]) == len(served["tokens"])
+
+
+def test_the_imported_model_serves_without_torch_transformers_or_sentencepiece(repo, engine):
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+for name in ("torch", "transformers", "sentencepiece", "onnx"):
+    sys.modules[name] = None  # importing any of them now raises ImportError
+from attnserve.clients import cli
+cli._parser()  # `attnserve import` is listed; its importer is not loaded
+from attnserve.server.batcher import BatchingOptions
+from attnserve.server.generation import DecodingOptions, GenerationRequest
+from attnserve.server.registry import load_engine
+from attnserve.server.repository import find_models
+from attnserve.server.runtime import RuntimeOptions
+engine = load_engine(find_models({str(repo)!r})[{NAME!r}], RuntimeOptions(), BatchingOptions())
+result = engine.generate(GenerationRequest({NAME!r}, {TEXTS[0]!r}, "", DecodingOptions({MAX_NEW}, 1)))
+engine.close()
+print(" ".join(str(t.id) for t in result.tokens))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(t.id) for t in engine.generate(request(TEXTS[0])).tokens]
