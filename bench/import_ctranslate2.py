@@ -10,7 +10,8 @@ own `TransformersConverter` (float32). Then, greedy, one intra-op thread on both
 - outputs: every sentence through the server (gRPC `Generate`) and through `Translator.translate_batch`,
   compared token by token;
 - attnserve: `attnserve serve` (continuous batching, the default) under --clients concurrent gRPC clients
-  for --seconds (bench/concurrency.py's closed loop), generated tokens/s and the server's peak RSS;
+  for --seconds (bench/concurrency.py's closed loop), generated tokens/s and the server's peak RSS; with
+  --engine-process also the server with its engine in a child process;
 - attnserve in process: the engine alone (no gRPC, no clients sharing the CPU), all sentences at once;
 - CTranslate2: `translate_batch` over the same sentences, max_batch_size = --clients, repeated for
   --seconds, in a child process of its own (fed MarianTokenizer's pieces, no transformers loaded) so its peak
@@ -129,6 +130,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--sentences", type=int, default=96)
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--engine-process", action="store_true",
+                        help="also serve with --engine-process (the engine in a child process, apart from gRPC)")
     parser.add_argument("--out", type=pathlib.Path, help="also write the report here (JSON)")
     parser.add_argument("--ctranslate2-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sources", type=pathlib.Path, help=argparse.SUPPRESS)
@@ -140,17 +143,20 @@ def main() -> None:
     checkpoint, repo, ct2, times = prepare(args.work)
     texts = sentences(args.sentences)
 
-    started = time.perf_counter()
-    server = ServerProcess(repo, ["--model", NAME])
-    report = {**times, "attnserve_start_s": time.perf_counter() - started}
-    try:
-        ours = asyncio.run(served(server.address, texts, args.max_new_tokens))
-        requests = [GenerationRequest(NAME, t, "", DecodingOptions(args.max_new_tokens, GREEDY.beam_size))
-                    for t in texts]
-        load = asyncio.run(closed_loop(server.address, requests, args.clients, args.seconds, unary=True))
-        report["attnserve"] = {**load, "peak_rss_mb": server.peak_rss_mb()}
-    finally:
-        server.stop()
+    report = dict(times)
+    requests = [GenerationRequest(NAME, t, "", DecodingOptions(args.max_new_tokens, GREEDY.beam_size)) for t in texts]
+    servers = {"attnserve": []} | ({"attnserve_engine_process": ["--engine-process"]} if args.engine_process else {})
+    for label, flags in servers.items():
+        started = time.perf_counter()
+        server = ServerProcess(repo, ["--model", NAME, *flags])
+        report[f"{label}_start_s"] = time.perf_counter() - started
+        try:
+            if label == "attnserve":
+                ours = asyncio.run(served(server.address, texts, args.max_new_tokens))
+            load = asyncio.run(closed_loop(server.address, requests, args.clients, args.seconds, unary=True))
+            report[label] = {**load, "peak_rss_mb": server.peak_rss_mb()}
+        finally:
+            server.stop()
     report["attnserve_in_process"] = in_process(repo, texts, args.max_new_tokens, args.seconds)
     from transformers import MarianTokenizer
 
@@ -166,7 +172,8 @@ def main() -> None:
     outputs = theirs.pop("outputs")
     report["ctranslate2"] = theirs
     report["outputs_identical"] = f"{sum(a == b for a, b in zip(ours, outputs))}/{len(texts)}"
-    report["speed_ratio"] = report["attnserve"]["tokens_per_s"] / theirs["tokens_per_s"]
+    for label in servers:
+        report[f"speed_ratio_{label}"] = report[label]["tokens_per_s"] / theirs["tokens_per_s"]
     report["speed_ratio_in_process"] = report["attnserve_in_process"]["tokens_per_s"] / theirs["tokens_per_s"]
     report["sizes_mb"] = {p.name: p.stat().st_size / 2**20 for p in sorted((repo / NAME / "1").iterdir())}
     text = json.dumps(report, indent=2)

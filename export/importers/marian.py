@@ -4,9 +4,9 @@ What a Marian checkpoint holds and where it goes:
 - the Transformer (post-norm, static sinusoidal positions from 0, embeddings x sqrt(d_model), swish / relu /
   gelu feed-forward, `final_logits_bias`, shared or separate source/target embeddings) -> encoder.onnx and
   a decoder step with the K/V cache and every layer's and head's cross-attention (seq2seq_graphs.py);
-- source.spm + vocab.json -> source_tokenizer.json (reads the source text, numbered by vocab.json);
-  vocab.json (or target_vocab.json when `separate_vocabs`) -> tokenizer.json (writes the output); the
-  manifest's `tokenizer.source` names the first (sentencepiece_tokenizer.py);
+- source.spm + vocab.json -> source_tokenizer.json + source_vocab.json (reads the source text, numbered by
+  vocab.json; the manifest's `tokenizer.source`); vocab.json (or target_vocab.json when `separate_vocabs`)
+  -> tokenizer.json (writes the output) (sentencepiece_tokenizer.py);
 - generation_config.json: decoder start = pad (`decoder_start_token_id`), `bad_words_ids` (single tokens)
   -> `special_tokens.suppress`, `num_beams` -> `decoding.beam_size`, `max_length` -> `limits.max_new_tokens`;
 - tokenizer_config.json `source_lang` / `target_lang` -> `languages` (or `--languages`).
