@@ -207,6 +207,9 @@ class Manifest:
     # Optional LM whose scores join the decoder's at every step (docs/model-contract.md).
     language_model: LanguageModelSpec | None = None
     decoding: DecodingDefaults = DecodingDefaults()
+    # Target language -> a token put before the text of the source (a multilingual Marian model reads the
+    # language it should write, `>>cmn_Hant<<`, at the start of its input); empty for other models.
+    source_prefix: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 class FieldReader:
@@ -340,6 +343,7 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         variants=_variants(r),
         language_model=_language_model(r),
         decoding=_decoding_defaults(r),
+        source_prefix=_decoder_start(r.obj("source_prefix")) if "source_prefix" in r.data else types.MappingProxyType({}),
     )
     _check_consistency(manifest, where)
     return manifest
@@ -502,6 +506,8 @@ def _check_consistency(m: Manifest, where: str) -> None:
     missing = [lang for lang in m.target_languages if lang not in m.decoder_start]
     if missing:
         raise ValueError(f"{where}: decoder_start has no token for target language(s) {missing}")
+    if m.source_prefix and sorted(m.source_prefix) != sorted(m.target_languages):
+        raise ValueError(f"{where}: source_prefix must name a token for every target language, and only those")
     extra = [lang for lang in m.decoder_start if lang not in m.target_languages]
     if extra:
         raise ValueError(f"{where}: decoder_start names {extra}, which are not in languages.target")

@@ -165,6 +165,9 @@ class TextPreprocessor(Preprocessor):
                 f"which is never more than {chars} characters"
             )
         ids = self.tokenizer.encode(request.text)
+        if self.manifest.source_prefix:  # the target language's token first (manifest source_prefix)
+            language = request.target_language or self.manifest.target_languages[0]
+            ids = [self.manifest.source_prefix[language], *ids] if language in self.manifest.source_prefix else ids
         if len(ids) > limit:
             raise ValueError(f"source is {len(ids)} tokens long (EOS included); model '{name}' accepts at most {limit}")
         return TextSource(tuple(ids))

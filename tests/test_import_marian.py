@@ -9,6 +9,7 @@ each way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -75,6 +76,15 @@ def tokens_of(row) -> list[int]:
     ids = row[1:].tolist()  # after the decoder start
     assert 0 in ids, "a reference output ran to the length limit"
     return ids[: ids.index(0)]
+
+
+def agrees(result, row) -> bool:
+    """Served tokens == generate's row; at the length limit, where generate forces EOS
+    (forced_eos_token_id) and the server stops, up to there."""
+    ids = row[1:].tolist()
+    end = ids.index(0)
+    served = [t.id for t in result.tokens]
+    return served == ids[:end] if end < MAX_NEW - 1 else served[:end] == ids[:end]
 
 
 def request(text, beam=1, **attention) -> GenerationRequest:
@@ -145,15 +155,8 @@ def test_served_greedy_equals_generate_on_a_padded_batch(engine, hf):
 def test_served_beam_search_equals_generate(engine, hf):
     _, out = generate(hf, TEXTS, num_beams=4)  # the checkpoint's num_beams, the manifest's default
     results = [f.result(120) for f in [engine.submit(request(t, beam=0)) for t in TEXTS]]
-    ended = 0
-    for result, row in zip(results, out.sequences):
-        ids = row[1:].tolist()
-        if ids.index(0) < MAX_NEW - 1:  # ended by EOS of its own
-            ended += 1
-            assert [t.id for t in result.tokens] == ids[: ids.index(0)]
-        else:  # at the limit generate forces EOS (forced_eos_token_id), the server stops: same tokens before
-            assert [t.id for t in result.tokens][: MAX_NEW - 1] == ids[: MAX_NEW - 1]
-    assert ended >= len(TEXTS) // 2
+    assert all(agrees(r, row) for r, row in zip(results, out.sequences))
+    assert sum(row[1:].tolist().index(0) < MAX_NEW - 1 for row in out.sequences) >= len(TEXTS) // 2  # EOS of their own
 
 
 def test_requests_joining_a_running_batch_equal_generate(engine, hf):
@@ -235,6 +238,26 @@ def test_separate_vocabularies_and_embeddings_serve_as_generate(tmp_path, capsys
         assert [r.text for r in results] == hf[1].batch_decode(out.sequences, skip_special_tokens=True)
         lines = tiny_marian.lines(300, seed=12)
         assert [engine.tokenizer.encode(x) for x in lines] == [hf[1](x).input_ids for x in lines]
+    finally:
+        engine.close()
+
+
+def test_a_multilingual_model_reads_the_requested_target_language_token_first(tmp_path):
+    codes = ("cmn_Hans", "cmn_Hant")
+    checkpoint = tiny_marian.build(tmp_path / "multilingual", seed=2, target_codes=codes)
+    assert cli.main(["import", str(checkpoint), "--name", NAME, "--repository", str(tmp_path / "repo"),
+                     "--languages", "zho"]) == 0
+    engine = load_engine(find_models(tmp_path / "repo")[NAME], RuntimeOptions(), BatchingOptions())
+    try:
+        assert engine.info.target_languages == list(codes)
+        hf = tiny_marian.transformers_model(checkpoint), tiny_marian.transformers_tokenizer(checkpoint)
+        for code in codes:  # MarianTokenizer's users write the code into the text
+            _, out = generate(hf, [f">>{code}<< {t}" for t in TEXTS[:6]], num_beams=1)
+            served = [engine.submit(dataclasses.replace(request(t), target_language=code)) for t in TEXTS[:6]]
+            assert all(agrees(f.result(120), row) for f, row in zip(served, out.sequences))
+        result = engine.generate(dataclasses.replace(request(TEXTS[0], layer=0), target_language=codes[1]))
+        assert [t.id for t in result.source_tokens] == hf[1](f">>{codes[1]}<< {TEXTS[0]}").input_ids
+        assert result.source_tokens[0].piece == f">>{codes[1]}<<"
     finally:
         engine.close()
 

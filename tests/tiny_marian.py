@@ -77,12 +77,13 @@ def _train_spm(sentences: list[str], size: int) -> bytes:
     return model.getvalue()
 
 
-def _marian_vocab(*models: bytes, size: int | None = None) -> dict[str, int]:
-    """As Marian's converter writes it: </s> 0, <unk> 1, the models' pieces, <pad> last; `size`: filled up to
-    that many pieces with pieces no model makes (the benchmark's 65,001)."""
+def _marian_vocab(*models: bytes, size: int | None = None, codes: tuple[str, ...] = ()) -> dict[str, int]:
+    """As Marian's converter writes it: </s> 0, <unk> 1, target-language tokens (`>>cmn_Hant<<`), the models'
+    pieces, <pad> last; `size`: filled up to that many pieces with pieces no model makes (the benchmark's
+    65,001)."""
     import sentencepiece
 
-    pieces = ["</s>", "<unk>"]
+    pieces = ["</s>", "<unk>", *(f">>{code}<<" for code in codes)]
     for proto in models:
         sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
         for i in range(sp.get_piece_size()):
@@ -107,7 +108,7 @@ def _configs(vocab_size: int, sizes: dict, separate: bool) -> tuple[dict, dict]:
 
 
 def build(folder: pathlib.Path, seed: int = 0, weights: str = "model.safetensors", real_sizes: bool = False,
-          separate: bool = False) -> pathlib.Path:
+          separate: bool = False, target_codes: tuple[str, ...] = ()) -> pathlib.Path:
     """Writes the checkpoint folder and returns it.
 
     Args:
@@ -115,6 +116,7 @@ def build(folder: pathlib.Path, seed: int = 0, weights: str = "model.safetensors
             (bench/import_ctranslate2.py).
         separate: separate source and target vocabularies and embeddings (`separate_vocabs`,
             `share_encoder_decoder_embeddings` false), of one size, as the tc-big OPUS-MT models have.
+        target_codes: a multilingual model's target languages (opus-mt-en-zh: `>>cmn_Hans<<`, ...).
     """
     import torch
     from safetensors.torch import save_file
@@ -130,7 +132,7 @@ def build(folder: pathlib.Path, seed: int = 0, weights: str = "model.safetensors
         vocab, target_vocab = _marian_vocab(source, size=widest), _marian_vocab(target, size=widest)
         (folder / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False, indent=2))
     else:
-        vocab = _marian_vocab(source, target, size=size)
+        vocab = _marian_vocab(source, target, size=size, codes=target_codes)
     config, generation = _configs(len(vocab), {} if real_sizes else SIZES, separate)
     (folder / "source.spm").write_bytes(source)
     (folder / "target.spm").write_bytes(target)

@@ -10,7 +10,9 @@ What a Marian checkpoint holds and where it goes:
 - generation_config.json: decoder start = pad (`decoder_start_token_id`), `bad_words_ids` (single tokens)
   -> `special_tokens.suppress`, `num_beams` -> `decoding.beam_size`, `max_length` -> `limits.max_new_tokens`;
 - tokenizer_config.json `source_lang` / `target_lang` -> `languages` (or `--languages`).
-Multilingual Marian models (target-language tokens `>>fra<<` in the source text) are refused.
+A multilingual Marian model (target-language tokens `>>cmn_Hant<<` in its vocabulary, written at the start
+of the source) serves each code as a target language; the manifest's `source_prefix` puts the request's
+target-language token before the source, as a user of MarianTokenizer writes it into the text.
 """
 
 from __future__ import annotations
@@ -118,11 +120,15 @@ def vocabularies(ckpt: Checkpoint, tokenizer_config: dict) -> Vocabularies:
     differ = [p for p in ("</s>", "<unk>") if source[p] != target[p]]
     if differ:
         raise ValueError(f"{ckpt.folder}: {', '.join(differ)} have different ids in vocab.json and target_vocab.json")
-    codes = [p for p in target if p.startswith(">>") and p.endswith("<<")]
-    if codes:
-        raise ValueError(f"{ckpt.folder}: a multilingual Marian model (target-language tokens such as {codes[0]}) "
-                         f"is not supported yet")
     return Vocabularies(source, target, separate)
+
+
+def target_codes(vocabs: Vocabularies) -> dict[str, int]:
+    """A multilingual model's target languages (`>>cmn_Hant<<` -> "cmn_Hant") and their source tokens, as
+    MarianTokenizer finds them (`supported_language_codes`: shared vocabularies only); empty otherwise."""
+    if vocabs.separate:
+        return {}
+    return {p[2:-2]: i for p, i in vocabs.source.items() if p.startswith(">>") and p.endswith("<<") and len(p) > 4}
 
 
 def write_tokenizers(ckpt: Checkpoint, vocabs: Vocabularies, out_dir: pathlib.Path) -> None:
@@ -139,15 +145,20 @@ def write_tokenizers(ckpt: Checkpoint, vocabs: Vocabularies, out_dir: pathlib.Pa
     target.save(str(out_dir / "tokenizer.json"))
 
 
-def languages(tokenizer_config: dict, given: list[str] | None, folder: pathlib.Path) -> tuple[str, str]:
+def languages(tokenizer_config: dict, given: list[str] | None, folder: pathlib.Path,
+              codes: dict[str, int]) -> tuple[str, list[str]]:
+    """The source language and the target languages: a multilingual model's are its codes, and --languages
+    then names the source only."""
+    wanted = 1 if codes else 2
     if given:
-        if len(given) != 2:
-            raise ValueError(f"--languages takes the source and the target language of a Marian model, got {given}")
-        return given[0], given[1]
+        if len(given) != wanted:
+            what = "the source language of a multilingual" if codes else "the source and the target language of a"
+            raise ValueError(f"--languages takes {what} Marian model, got {given}")
+        return given[0], list(codes) or [given[1]]
     source, target = tokenizer_config.get("source_lang"), tokenizer_config.get("target_lang")
-    if not source or not target:
-        raise ValueError(f"{folder}/tokenizer_config.json names no source_lang/target_lang: give --languages SRC TGT")
-    return str(source), str(target)
+    if not source or not (target or codes):
+        raise ValueError(f"{folder}/tokenizer_config.json names no source_lang/target_lang: give --languages")
+    return str(source), list(codes) or [str(target)]
 
 
 def import_checkpoint(ckpt: Checkpoint, out_dir: pathlib.Path, name: str, version: int,
@@ -156,18 +167,19 @@ def import_checkpoint(ckpt: Checkpoint, out_dir: pathlib.Path, name: str, versio
     generation = check_config(ckpt)
     tokenizer_config = ckpt.json("tokenizer_config.json", default={})
     vocabs = vocabularies(ckpt, tokenizer_config)
-    source_lang, target_lang = languages(tokenizer_config, given_languages, ckpt.folder)
+    codes = target_codes(vocabs)
+    source_lang, target_langs = languages(tokenizer_config, given_languages, ckpt.folder, codes)
     model = load_model(ckpt)
     positions = model.model.decoder.embed_positions.weight  # the encoder's table is the same
     seq2seq_graphs.export(model, seq2seq_graphs.Layout(pre_norm=False), positions, out_dir)
     write_tokenizers(ckpt, vocabs, out_dir)
-    manifest = build_manifest(model.config, generation, vocabs, name, version, (source_lang, target_lang))
+    manifest = build_manifest(model.config, generation, vocabs, name, version, source_lang, target_langs, codes)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return manifest
 
 
 def build_manifest(config, generation: dict, vocabs: Vocabularies, name: str, version: int,
-                   pair: tuple[str, str]) -> dict:
+                   source: str, targets: list[str], codes: dict[str, int]) -> dict:
     layers, heads = config.decoder_layers, config.decoder_attention_heads
     static, state = kv_static_and_state(layers, heads, config.d_model // heads)
     eos = generation.get("eos_token_id", config.eos_token_id)
@@ -180,12 +192,14 @@ def build_manifest(config, generation: dict, vocabs: Vocabularies, name: str, ve
         "name": name,
         "version": version,
         "task": "translation",
-        "description": f"MarianMT {pair[0]} -> {pair[1]}, imported from a transformers checkpoint",
-        "languages": {"source": [pair[0]], "target": [pair[1]]},
+        "description": f"MarianMT {source} -> {', '.join(targets)}, imported from a transformers checkpoint",
+        "languages": {"source": [source], "target": targets},
         "tokenizer": {"file": "tokenizer.json", "word_boundary": "metaspace-cjk",
                       "source": {"file": "source_tokenizer.json", "vocab": "source_vocab.json"}},
         "special_tokens": {"pad": pad, "unk": vocabs.target["<unk>"], "eos": eos, "suppress": suppress},
-        "decoder_start": {pair[1]: generation.get("decoder_start_token_id", config.decoder_start_token_id)},
+        "decoder_start": {t: generation.get("decoder_start_token_id", config.decoder_start_token_id) for t in targets},
+        # A multilingual model reads the language to write as a token before the text (`>>cmn_Hant<<`).
+        **({"source_prefix": codes} if codes else {}),
         # Source positions 0..P-1 (EOS included); the decoder start token takes position 0 of P.
         "limits": {"max_source_tokens": max_positions,
                    "max_new_tokens": min(generation.get("max_length", max_positions), max_positions) - 1},
