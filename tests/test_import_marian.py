@@ -285,6 +285,7 @@ def test_safetensors_and_weights_only_bin_load_the_same_tensors(checkpoint, tmp_
     (lambda d: _edit(d / "generation_config.json", no_repeat_ngram_size=3), "no_repeat_ngram_size=3"),
     (lambda d: (d / "source.spm").unlink(), "missing file source.spm"),
     (lambda d: (d / "model.safetensors").unlink(), "no weights"),
+    (lambda d: _untie_without_lm_head(d), "missing ['lm_head.weight']"),
 ])
 def test_what_the_importer_cannot_map_is_refused_by_name(checkpoint, tmp_path, capsys, breakage, message):
     broken = tmp_path / "broken"
@@ -347,3 +348,14 @@ print(" ".join(str(t.id) for t in result.tokens))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(t.id) for t in engine.generate(request(TEXTS[0])).tokens]
+
+
+def _untie_without_lm_head(folder):
+    """An untied output projection whose weights are not in the file: it must not be served at random."""
+    from safetensors.torch import load_file, save_file
+
+    _edit(folder / "config.json", tie_word_embeddings=False)
+    state = load_file(str(folder / "model.safetensors"))
+    del state["lm_head.weight"]
+    save_file(state, str(folder / "model.safetensors"))
+
