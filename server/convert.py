@@ -54,6 +54,7 @@ def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
     return gen.GenerationRequest(
         model=msg.model,
         text=msg.text.text if kind == "text" else "",
+        source_language=msg.text.source_language if kind == "text" else "",
         audio=_audio_from_proto(msg.audio) if kind == "audio" else None,
         image=gen.ImageInput(msg.image.data) if kind == "image" else None,
         target_language=msg.target_language,
@@ -89,7 +90,7 @@ def request_to_proto(request: gen.GenerationRequest, source_language: str | None
     if request.image is not None:
         inputs["image"] = pb.ImageInput(data=request.image.data)
     if request.text or not inputs:
-        inputs["text"] = pb.TextInput(text=request.text, source_language=source_language)
+        inputs["text"] = pb.TextInput(text=request.text, source_language=source_language or request.source_language or None)
     return pb.GenerateRequest(
         model=request.model,
         **inputs,

@@ -135,6 +135,9 @@ class GenerationRequest:
     audio: AudioInput | None = None
     # An image (captioning models); None for other inputs.
     image: ImageInput | None = None
+    # Language of the text (TextInput.source_language); "" = the model's first source language. Read by models
+    # whose source starts with a source-language token (manifest source_language_prefix: NLLB, M2M100).
+    source_language: str = ""
 
     @property
     def input_kinds(self) -> list[InputKind]:

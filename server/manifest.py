@@ -210,6 +210,11 @@ class Manifest:
     # Target language -> a token put before the text of the source (a multilingual Marian model reads the
     # language it should write, `>>cmn_Hant<<`, at the start of its input); empty for other models.
     source_prefix: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Source language -> a token put before the text of the source (NLLB's `eng_Latn`, M2M100's `__en__`).
+    source_language_prefix: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Target language -> the decoder's forced first output token (NLLB, M2M100: forced_bos_token_id, the
+    # target-language token after the start token); empty when the model chooses its first token itself.
+    forced_first_token: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 class FieldReader:
@@ -343,7 +348,9 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         variants=_variants(r),
         language_model=_language_model(r),
         decoding=_decoding_defaults(r),
-        source_prefix=_decoder_start(r.obj("source_prefix")) if "source_prefix" in r.data else types.MappingProxyType({}),
+        source_prefix=_optional_tokens(r, "source_prefix"),
+        source_language_prefix=_optional_tokens(r, "source_language_prefix"),
+        forced_first_token=_optional_tokens(r, "forced_first_token"),
     )
     _check_consistency(manifest, where)
     return manifest
@@ -492,6 +499,11 @@ def _state(r: FieldReader) -> StateSpec:
     )
 
 
+def _optional_tokens(r: FieldReader, key: str) -> Mapping[str, int]:
+    """An optional language -> token id table (source_prefix, source_language_prefix, forced_first_token)."""
+    return _decoder_start(r.obj(key)) if key in r.data else types.MappingProxyType({})
+
+
 def _state_init(r: FieldReader) -> str | None:
     init = r.get("init", (str, dict))
     if init == "zeros":
@@ -508,6 +520,10 @@ def _check_consistency(m: Manifest, where: str) -> None:
         raise ValueError(f"{where}: decoder_start has no token for target language(s) {missing}")
     if m.source_prefix and sorted(m.source_prefix) != sorted(m.target_languages):
         raise ValueError(f"{where}: source_prefix must name a token for every target language, and only those")
+    if m.forced_first_token and sorted(m.forced_first_token) != sorted(m.target_languages):
+        raise ValueError(f"{where}: forced_first_token must name a token for every target language, and only those")
+    if m.source_language_prefix and sorted(m.source_language_prefix) != sorted(m.source_languages):
+        raise ValueError(f"{where}: source_language_prefix must name a token for every source language, and only those")
     extra = [lang for lang in m.decoder_start if lang not in m.target_languages]
     if extra:
         raise ValueError(f"{where}: decoder_start names {extra}, which are not in languages.target")

@@ -168,6 +168,8 @@ class TextPreprocessor(Preprocessor):
         if self.manifest.source_prefix:  # the target language's token first (manifest source_prefix)
             language = request.target_language or self.manifest.target_languages[0]
             ids = [self.manifest.source_prefix[language], *ids] if language in self.manifest.source_prefix else ids
+        if self.manifest.source_language_prefix:  # the source language's token first (NLLB, M2M100)
+            ids = [self.manifest.source_language_prefix[request.source_language or self.manifest.source_languages[0]], *ids]
         if len(ids) > limit:
             raise ValueError(f"source is {len(ids)} tokens long (EOS included); model '{name}' accepts at most {limit}")
         return TextSource(tuple(ids))

@@ -57,6 +57,9 @@ class RequestValidator:
         if language not in m.decoder_start:
             supported = ", ".join(m.target_languages)
             raise ValueError(f"unknown target language '{language}' for model '{m.name}'; supported: {supported}")
+        if request.source_language and request.source_language not in m.source_languages:
+            raise ValueError(f"unknown source language '{request.source_language}' for model '{m.name}'; "
+                             f"supported: {', '.join(m.source_languages)}")
         max_new_tokens = self._max_new_tokens(request.decoding.max_new_tokens)
         beam_size = resolved_beam_size(request.decoding, self.default_beam_size)
         if not 1 <= beam_size <= self.max_beam_size:
@@ -80,6 +83,7 @@ class RequestValidator:
             source=source,
             target_language=language,
             start_id=m.decoder_start[language],
+            forced_first_id=m.forced_first_token.get(language),
             max_new_tokens=max_new_tokens,
             beam_size=beam_size,
             attention_layer=layer,

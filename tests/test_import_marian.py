@@ -15,10 +15,10 @@ import random
 import shutil
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 import tiny_marian
+from import_parity import graph_differences
 from attnserve.clients import cli
 from attnserve.server.batcher import BatchingOptions
 from attnserve.server.registry import load_engine
@@ -109,27 +109,8 @@ def test_graphs_equal_the_eager_model_at_every_step_layer_and_head(repo, hf):
         forward = hf[0](**batch, decoder_input_ids=out.sequences, output_attentions=True)
     want_lp = torch.log_softmax(forward.logits, -1).numpy()  # (B, T, V)
     want_attention = torch.stack(forward.cross_attentions, 1).numpy()  # (B, L, H, T, S)
-    folder = repo / NAME / "1"
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    encoder, decoder = (ort.InferenceSession(str(folder / f), opts, providers=["CPUExecutionProvider"])
-                        for f in ("encoder.onnx", "decoder.onnx"))
-    ids, mask = batch["input_ids"].numpy(), batch["attention_mask"].numpy()
-    enc = dict(zip([o.name for o in encoder.get_outputs()], encoder.run(None, {"input_ids": ids, "attention_mask": mask})))
-    manifest = json.loads((folder / "manifest.json").read_text())
-    cache = {s["input"]: np.zeros((len(ids), s["shape"][1], 0, s["shape"][3]), np.float32) for s in manifest["state"]}
-    worst_lp = worst_attention = 0.0
-    for step in range(seqs.shape[1] - 1):
-        feeds = {"input_ids": seqs[:, step : step + 1], "position_ids": np.full((len(ids), 1), step),
-                 "decoder_attention_mask": np.ones((len(ids), step + 1), np.int64),
-                 "encoder_attention_mask": mask, **cache}
-        feeds.update({s["to"]: enc[s["from"]] for s in manifest["static"] if s["from"] in enc})
-        res = dict(zip([o.name for o in decoder.get_outputs()], decoder.run(None, feeds)))
-        for s in manifest["state"]:
-            cache[s["input"]] = np.concatenate([cache[s["input"]], res[s["output"]]], axis=2)
-        lp = torch.log_softmax(torch.from_numpy(res["logits"]), -1).numpy()
-        worst_lp = max(worst_lp, float(np.abs(lp - want_lp[:, step]).max()))
-        worst_attention = max(worst_attention, float(np.abs(res["cross_attentions"] - want_attention[:, :, :, step]).max()))
+    worst_lp, worst_attention = graph_differences(repo / NAME / "1", batch["input_ids"].numpy(),
+                                                  batch["attention_mask"].numpy(), seqs, want_lp, want_attention)
     print(f"graphs vs eager: max |log-prob diff| {worst_lp:.2e}, max |attention diff| {worst_attention:.2e}")
     assert worst_lp < ATOL and worst_attention < ATOL
 

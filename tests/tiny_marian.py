@@ -66,12 +66,13 @@ def lines(count: int, seed: int) -> list[str]:
     return [kinds[i % 3](rng) for i in range(count)]
 
 
-def _train_spm(sentences: list[str], size: int) -> bytes:
+def train_spm(sentences: list[str], size: int, model_type: str = "unigram") -> bytes:
+    """A SentencePiece model (unigram as OPUS-MT's, bpe as NLLB's and M2M100's) trained on `sentences`."""
     import sentencepiece
 
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_writer=model, vocab_size=size, model_type="unigram",
+        sentence_iterator=iter(sentences), model_writer=model, vocab_size=size, model_type=model_type,
         character_coverage=0.9995, minloglevel=2, num_threads=1,
     )
     return model.getvalue()
@@ -124,8 +125,8 @@ def build(folder: pathlib.Path, seed: int = 0, weights: str = "model.safetensors
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    source = _train_spm([zh_line(rng) for _ in range(400)], 120)
-    target = _train_spm([en_line(rng) for _ in range(400)], 150)
+    source = train_spm([zh_line(rng) for _ in range(400)], 120)
+    target = train_spm([en_line(rng) for _ in range(400)], 150)
     size = 65001 if real_sizes else None
     if separate:  # both filled to one size, so that pad (the last id) is the same on both sides
         widest = max(len(_marian_vocab(source)), len(_marian_vocab(target)))
@@ -157,13 +158,18 @@ def build(folder: pathlib.Path, seed: int = 0, weights: str = "model.safetensors
     return folder
 
 
-def _widen(model, eos: int) -> None:
-    """Peaked, source-dependent attention and outputs of a few tokens (see SHARPNESS)."""
+def sharpen_cross_attention(model) -> None:
+    """Peaked, source-dependent cross-attention of a BART-family model (see SHARPNESS)."""
     for layer in model.model.decoder.layers:
         cross = layer.encoder_attn
         for weight, scale in ((cross.q_proj.weight, SHARPNESS), (cross.k_proj.weight, SHARPNESS),
                               (cross.v_proj.weight, SOURCE_WEIGHT), (cross.out_proj.weight, SOURCE_WEIGHT)):
             weight.mul_(scale)
+
+
+def _widen(model, eos: int) -> None:
+    """Peaked, source-dependent attention and outputs of a few tokens (see SHARPNESS)."""
+    sharpen_cross_attention(model)
     model.model.decoder.layers[-1].final_layer_norm.weight.mul_(LOGIT_SCALE)
     model.final_logits_bias.normal_(0.0, 0.5)
     model.final_logits_bias[0, eos] += EOS_BIAS

@@ -122,6 +122,46 @@ class Checkpoint:
             elif key not in known:
                 raise ValueError(f"{self.folder}/config.json: key {key!r} is not handled by the importer")
 
+    def generation(self, handled: Iterable[str], defaults: Mapping[str, object]) -> dict:
+        """The generation settings (generation_config.json, else the old config's own keys).
+
+        Args:
+            handled: keys the family's manifest expresses.
+            defaults: keys the server reproduces only at these (transformers' default) values.
+
+        Raises:
+            ValueError: naming a key that is neither, or one of `defaults` at another value.
+        """
+        handled = frozenset(handled)
+        generation = self.json("generation_config.json", default={
+            k: v for k, v in self.config.items() if k in handled or k in defaults})
+        for key, value in generation.items():
+            if key in defaults:
+                if value != defaults[key]:
+                    raise ValueError(f"{self.folder}/generation_config.json: {key}={value!r} is not supported "
+                                     f"(the server decodes with {defaults[key]!r})")
+            elif key not in handled:
+                raise ValueError(f"{self.folder}/generation_config.json: key {key!r} is not handled by the importer")
+        return generation
+
+    def load_into(self, model, derived: Iterable[str]):
+        """Loads the weights into `model` (a transformers model built from config.json); returns it in eval
+        mode and the state dict.
+
+        Args:
+            derived: parameter names transformers does not save (static tables, tied weights).
+
+        Raises:
+            ValueError: the weights do not fit config.json (unexpected or missing tensors).
+        """
+        state = self.state_dict()
+        result = model.load_state_dict(state, strict=False)
+        missing = sorted(set(result.missing_keys) - set(derived))
+        if result.unexpected_keys or missing:
+            raise ValueError(f"{self.weights_path}: weights do not fit config.json: unexpected "
+                             f"{sorted(result.unexpected_keys)[:5]}, missing {missing[:5]}")
+        return model.eval(), state
+
     def provenance(self) -> dict:
         """SHA-256 of every file of the folder (config, weights, tokenizer files), for the model card."""
         files = sorted(p for p in self.folder.iterdir() if p.is_file())

@@ -24,7 +24,6 @@ import pathlib
 from attnserve.export.importers import sentencepiece_tokenizer as spm_tokenizer
 from attnserve.export.importers import seq2seq_graphs
 from attnserve.export.importers.checkpoint import Checkpoint
-from attnserve.export.onnx_export import kv_static_and_state
 
 ARCHITECTURE = "MarianMTModel"
 ACTIVATIONS = ("swish", "silu", "relu", "gelu", "gelu_new")
@@ -66,22 +65,16 @@ def load_model(ckpt: Checkpoint):
 
     config = MarianConfig.from_dict(ckpt.config)
     config._attn_implementation = "eager"
-    model = MarianMTModel(config)
-    state = ckpt.state_dict()
-    result = model.load_state_dict(state, strict=False)
     # Not saved by transformers: the static position tables, and weights tied to the one it keeps.
     derived = {"model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
     if getattr(config, "tie_word_embeddings", True):
         derived.add("lm_head.weight")
     if config.share_encoder_decoder_embeddings:
         derived |= {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"}
-    missing = sorted(set(result.missing_keys) - derived)
-    if result.unexpected_keys or missing:
-        raise ValueError(f"{ckpt.weights_path}: weights do not fit config.json: unexpected "
-                         f"{sorted(result.unexpected_keys)[:5]}, missing {missing[:5]}")
+    model, state = ckpt.load_into(MarianMTModel(config), derived)
     if "final_logits_bias" not in state:
         raise ValueError(f"{ckpt.weights_path}: no final_logits_bias tensor")
-    return model.eval()
+    return model
 
 
 def check_config(ckpt: Checkpoint) -> dict:
@@ -93,15 +86,7 @@ def check_config(ckpt: Checkpoint) -> dict:
     activation = ckpt.config.get("activation_function", "gelu")
     if activation not in ACTIVATIONS:
         raise ValueError(f"{ckpt.folder}/config.json: activation_function {activation!r} is not one of {ACTIVATIONS}")
-    generation = ckpt.json("generation_config.json", default={
-        k: v for k, v in ckpt.config.items() if k in GENERATION_HANDLED or k in GENERATION_DEFAULTS})
-    for key, value in generation.items():
-        if key in GENERATION_DEFAULTS:
-            if value != GENERATION_DEFAULTS[key]:
-                raise ValueError(f"{ckpt.folder}/generation_config.json: {key}={value!r} is not supported "
-                                 f"(the server decodes with {GENERATION_DEFAULTS[key]!r})")
-        elif key not in GENERATION_HANDLED:
-            raise ValueError(f"{ckpt.folder}/generation_config.json: key {key!r} is not handled by the importer")
+    generation = ckpt.generation(GENERATION_HANDLED, GENERATION_DEFAULTS)
     bad = generation.get("bad_words_ids") or []
     if any(len(sequence) != 1 for sequence in bad):
         raise ValueError(f"{ckpt.folder}: bad_words_ids of more than one token are not supported: {bad!r}")
@@ -180,8 +165,6 @@ def import_checkpoint(ckpt: Checkpoint, out_dir: pathlib.Path, name: str, versio
 
 def build_manifest(config, generation: dict, vocabs: Vocabularies, name: str, version: int,
                    source: str, targets: list[str], codes: dict[str, int]) -> dict:
-    layers, heads = config.decoder_layers, config.decoder_attention_heads
-    static, state = kv_static_and_state(layers, heads, config.d_model // heads)
     eos = generation.get("eos_token_id", config.eos_token_id)
     pad = generation.get("pad_token_id", config.pad_token_id)
     suppress = sorted({s[0] for s in generation.get("bad_words_ids") or []} - {eos})
@@ -204,12 +187,5 @@ def build_manifest(config, generation: dict, vocabs: Vocabularies, name: str, ve
         "limits": {"max_source_tokens": max_positions,
                    "max_new_tokens": min(generation.get("max_length", max_positions), max_positions) - 1},
         **({"decoding": {"beam_size": num_beams}} if num_beams > 1 else {}),
-        "attention": {"output": "cross_attentions", "layers": layers, "heads": heads},
-        "encoder": {"file": "encoder.onnx", "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask"}},
-        "decoder": {"file": "decoder.onnx",
-                    "inputs": {"input_ids": "input_ids", "position_ids": "position_ids",
-                               "self_attention_mask": "decoder_attention_mask"},
-                    "outputs": {"logits": "logits"}},
-        "static": static,
-        "state": state,
+        **seq2seq_graphs.manifest_graph_fields(config),
     }

@@ -22,7 +22,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from attnserve.export.onnx_export import export_step_graphs
+from attnserve.export.onnx_export import export_step_graphs, kv_static_and_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +33,9 @@ class Layout:
     pre_norm: bool
     # Added to every position before the table is read (M2M100: padding_idx + 1; Marian: 0).
     position_offset: int = 0
+    # M2M100: a pad token reads the table's zero row at this id (transformers numbers pads padding_idx);
+    # None: every token reads its position's row.
+    pad_position: int | None = None
 
 
 class _Parts(nn.Module):
@@ -53,7 +56,10 @@ class _Parts(nn.Module):
         self.register_buffer("positions", positions.detach().clone(), persistent=False)  # (P, D)
 
     def embed(self, embed: nn.Module, scale: float, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return embed(ids) * scale + self.positions[positions + self.layout.position_offset]
+        rows = positions + self.layout.position_offset
+        if self.layout.pad_position is not None:
+            rows = torch.where(ids == self.layout.pad_position, torch.full_like(rows, self.layout.pad_position), rows)
+        return embed(ids) * scale + self.positions[rows]
 
     def block(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
         """One residual block in the family's norm order; `sublayer` maps (B, T, D) to (B, T, D)."""
@@ -182,3 +188,21 @@ def export(model: nn.Module, layout: Layout, positions: torch.Tensor, out_dir) -
         source_vocab=parts.encoder_embed.num_embeddings, target_vocab=parts.decoder_embed.num_embeddings,
         heads=heads, d_head=cfg.d_model // heads, layers=cfg.decoder_layers,
     )
+    model.eval()  # torch.onnx.export leaves the modules in training mode
+
+
+def manifest_graph_fields(config) -> dict:
+    """The manifest fields that describe the two graphs written by `export` (attention, encoder, decoder,
+    static, state), the same for every BART-family importer."""
+    layers, heads = config.decoder_layers, config.decoder_attention_heads
+    static, state = kv_static_and_state(layers, heads, config.d_model // heads)
+    return {
+        "attention": {"output": "cross_attentions", "layers": layers, "heads": heads},
+        "encoder": {"file": "encoder.onnx", "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask"}},
+        "decoder": {"file": "decoder.onnx",
+                    "inputs": {"input_ids": "input_ids", "position_ids": "position_ids",
+                               "self_attention_mask": "decoder_attention_mask"},
+                    "outputs": {"logits": "logits"}},
+        "static": static,
+        "state": state,
+    }
