@@ -111,6 +111,9 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         help="target language (default: asked from the server: the model's only target language, else the one "
         "the text is not written in)",
     )
+    translate.add_argument("--from", dest="source", default="",
+                           help="source language, for models that read it (NLLB, M2M100: eng_Latn, zho_Hant, ...; "
+                           "default: the model's first source language)")
     translate.add_argument(
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
         help="also draw the attention heatmap: in the terminal, or as a PNG (matplotlib) given a path",
@@ -284,6 +287,7 @@ def _translate(args: argparse.Namespace) -> None:
             reduction=args.head_reduction,
             reverse_weight=args.reverse_weight,
         )
+        request = dataclasses.replace(request, source_language=args.source)
         result = _print_stream(client, request) if args.stream else client.generate(request)
     if args.attention:
         _drawing("plot").save_attention(result.attention, args.attention)

@@ -250,3 +250,20 @@ def _edit(path, **changes):
     data = json.loads(path.read_text())
     data.update(changes)
     path.write_text(json.dumps(data))
+
+
+def test_translate_from_and_to_over_grpc_reach_the_model(repo, engine, capsys):
+    from attnserve.server import app
+
+    engines = app.load_engines(app.ServeOptions(models=str(repo)))
+    try:
+        with app.BackgroundServer(engines) as background:
+            status = cli.main(["translate", TEXTS[1], "--model", NAME, "--from", "zho_Hans", "--to", "fra_Latn",
+                               "--max-tokens", str(MAX_NEW), "--json", "--address", background.address])
+    finally:
+        for e in engines.values():
+            e.close()
+    out = json.loads(capsys.readouterr().out)
+    want = engine.generate(request(TEXTS[1], source="zho_Hans", target="fra_Latn"))
+    assert status == 0 and [t["id"] for t in out["tokens"]] == [t.id for t in want.tokens]
+    assert out["source_tokens"][0]["piece"] == "zho_Hans"
