@@ -107,7 +107,17 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     _add_status(commands)
     if server_commands:
         _add_web(commands)
+        _add_import(commands)
     return parser
+
+
+def _add_import(commands) -> None:
+    imports = commands.add_parser("import", help="turn a transformers checkpoint folder into a served model")
+    # Its flags import nothing heavy; the importer itself (torch, transformers) loads only when it runs.
+    from attnserve.export.importers import command as import_command
+
+    import_command.add_arguments(imports)
+    imports.set_defaults(run=import_command.run)
 
 
 # Every option the CLI leaves unset (None) takes the request contract's default (server/generation.py); the
