@@ -26,7 +26,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from attnserve.clients import comparison, heatmap, languages, timeline
+from attnserve.clients import comparison, heatmap, languages, timeline, transcription
 from attnserve.clients.client import (
     DEFAULT_ADDRESS,
     DEFAULT_MODEL,
@@ -163,8 +163,13 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     _add_address(compare)
     compare.set_defaults(run=_compare, granularity="words")
 
-    transcribe = commands.add_parser("transcribe", help="transcribe a WAV file, with each word's time span")
-    transcribe.add_argument("file", help="a WAV file (16/32-bit PCM or float, any common rate); - reads stdin")
+    transcribe = commands.add_parser("transcribe", help="transcribe an audio file, with each word's time span")
+    transcribe.add_argument("file", help="an audio file: WAV (16/32-bit PCM or float), FLAC, Ogg, MP3 or M4A (as the "
+                            "server reads: `attnserve models`), any common rate, up to an hour; - reads stdin")
+    transcribe.add_argument("--srt", metavar="OUT.srt", help="write subtitles (SubRip) of the transcript")
+    transcribe.add_argument("--vtt", metavar="OUT.vtt", help="write subtitles (WebVTT) of the transcript")
+    transcribe.add_argument("--progress", action="store_true",
+                            help="show the progress bar of a long recording even when stderr is not a terminal")
     transcribe.add_argument(
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
         help="show each word's time span and its attention over time: in the terminal, or as a PNG given a path",
@@ -317,7 +322,12 @@ def _transcribe(args: argparse.Namespace) -> None:
         model = args.model or _first_audio_model(client)
         request = audio_request(data, model=model, attention=args.attention is not None, granularity="words",
                                 beam_size=args.beam_size)
-        result = client.generate(request)
+        # The stream shows a long recording's progress, segment by segment.
+        show = args.progress or sys.stderr.isatty()
+        result = transcription.transcribe(client, request, sys.stderr if show else None)
+    for path, kind in ((args.srt, "srt"), (args.vtt, "vtt")):
+        if path:
+            transcription.write_subtitles(result, path, kind)
     if args.attention:
         _drawing("plot").save_timeline(result.words, result.attention, args.attention)
     if args.json:

@@ -48,6 +48,8 @@ _SAMPLE_TYPES = {
 # in/out = a/b; rates whose ratio to the model's needs more phases than this are refused.
 MAX_RATE_RATIO_TERM = 1000
 MIN_SAMPLE_RATE_HZ, MAX_SAMPLE_RATE_HZ = 4000, 384000
+# Blocks of the resampler's output computed at once (bounds its working memory for long recordings).
+_RESAMPLE_CHUNK_BLOCKS = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,10 +158,14 @@ def resample(x: np.ndarray, orig_hz: int, new_hz: int, zero_crossings: int = 6, 
     t = np.clip(t * cutoff, -zero_crossings, zero_crossings)
     window = np.cos(t * np.pi / zero_crossings / 2) ** 2
     kernels = np.sinc(t) * window * (cutoff / a)  # (b, K), K = a + 2 * width
-    padded = np.pad(np.asarray(x, dtype=np.float64), (width, width + a))
+    x = np.asarray(x)
+    padded = np.pad(x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False), (width, width + a))
     blocks = np.lib.stride_tricks.sliding_window_view(padded, kernels.shape[1])[::a]  # (n, K)
-    out = (blocks @ kernels.T).reshape(-1)  # (n * b,)
-    return out[: math.ceil(len(x) * b / a)].astype(np.float32)
+    out = np.empty((len(blocks), b), dtype=np.float32)
+    # A chunk of blocks at a time: the (n, K) window matrix of an hour-long recording would not fit memory.
+    for lo in range(0, len(blocks), _RESAMPLE_CHUNK_BLOCKS):
+        out[lo : lo + _RESAMPLE_CHUNK_BLOCKS] = blocks[lo : lo + _RESAMPLE_CHUNK_BLOCKS].astype(np.float64) @ kernels.T
+    return out.reshape(-1)[: math.ceil(len(x) * b / a)]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

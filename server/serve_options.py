@@ -55,6 +55,9 @@ class ServeOptions:
     grace_seconds: float = 10.0  # how long in-flight requests may finish after a shutdown signal
     # Bytes of requests handled at once (audio and images are the big ones); more are RESOURCE_EXHAUSTED.
     max_inflight_request_mb: float = 256.0
+    # Audio models: recordings longer than the model's window, up to this long, are cut at pauses and
+    # transcribed segment by segment (server/longform.py); 0 = the window is the limit.
+    long_form_max_minutes: float = 60.0
     skip_broken_models: bool = False  # serve the healthy models when some fail to load (those: NOT_SERVING)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the port speaks TLS only
     tls_key: str | None = None  # PEM private key
@@ -92,6 +95,8 @@ def _problems(o: ServeOptions):
             yield f"{flag} must be >= 0, got {value}"
     if o.batching == "continuous" and o.max_beam_size > o.max_rows:
         yield f"--max-beam-size {o.max_beam_size} needs --max-rows of at least as many, got {o.max_rows}"
+    if o.long_form_max_minutes < 0:
+        yield f"--long-form-max-minutes must be >= 0, got {o.long_form_max_minutes}"
     if o.max_inflight_request_mb <= 0:
         yield f"--max-inflight-request-mb must be > 0, got {o.max_inflight_request_mb}"
     if (o.tls_cert is None) != (o.tls_key is None):
@@ -207,6 +212,11 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--max-inflight-request-mb": (
         "max_inflight_request_mb",
         dict(type=float, help="MiB of requests handled at once; more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+    ),
+    "--long-form-max-minutes": (
+        "long_form_max_minutes",
+        dict(type=float, help="audio models: transcribe recordings longer than the model's window, up to this "
+             "many minutes, cut at pauses (default: %(default)s; 0 = refuse them)"),
     ),
     "--skip-broken-models": (
         "skip_broken_models",
