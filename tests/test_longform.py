@@ -60,8 +60,14 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def served(engine):
-    with app.BackgroundServer({NAME: engine}) as background, Client(background.address, timeout=WAIT) as client:
+def server(engine):
+    with app.BackgroundServer({NAME: engine}) as background:
+        yield background
+
+
+@pytest.fixture(scope="module")
+def served(server):
+    with Client(server.address, timeout=WAIT) as client:
         yield client
 
 
@@ -207,6 +213,24 @@ def test_clips_within_the_window_are_the_engines_own(served, engine, spoken):
     assert result.segments == [] and result.source_tokens  # the ordinary path: one request, its columns
     alone = engine._engine.generate(request(short), WAIT)
     assert (result.text, result.words, result.source_tokens) == (alone.text, alone.words, alone.source_tokens)
+
+
+def test_transcribe_writes_subtitles_with_a_progress_bar(server, unary, spoken, tmp_path, capsys):
+    from attnserve.clients import cli, subtitles
+
+    audio = tmp_path / "lecture.wav"
+    audio.write_bytes(spoken[0])
+    srt, vtt = tmp_path / "out.srt", tmp_path / "out.vtt"
+    status = cli.main(["transcribe", str(audio), "--address", server.address, "--beam-size", "1", "--srt", str(srt),
+                       "--vtt", str(vtt), "--progress"])
+    out, err = capsys.readouterr()
+    assert status == 0 and out.strip() == unary.text
+    count = len(unary.segments)
+    assert f"] {count}/{count} segments" in err and err.count("\r") == count
+    assert srt.read_text() == subtitles.srt(subtitles.result_cues(unary))
+    assert vtt.read_text().startswith("WEBVTT\n\n00:00:0")
+    first = srt.read_text().split("\n\n")[0].splitlines()
+    assert first[0] == "1" and " --> " in first[1] and " ".join(first[2:]) in unary.segments[0].text
 
 
 def _never(*args):
