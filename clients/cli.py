@@ -205,6 +205,9 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         web = commands.add_parser("web", help="serve the browser demo, an HTTP gateway to the server at --address")
         web.add_argument("--host", default="127.0.0.1", help="interface of the page (default: %(default)s)")
         web.add_argument("--port", type=int, default=8080, help="HTTP port of the page (default: %(default)s)")
+        web.add_argument("--tls-cert", metavar="PEM", help="serve the page over HTTPS with this certificate chain "
+                         "(with --tls-key): browsers allow the microphone on other machines only over HTTPS")
+        web.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
         _add_address(web)
         web.set_defaults(run=_web)
     return parser
@@ -507,10 +510,17 @@ def _web(args: argparse.Namespace) -> None:
         from attnserve.clients.web import gateway
     except ImportError as exc:  # aiohttp comes with the `web` extra
         raise SystemExit(f"error: the web demo needs the web extra (pip install 'attnserve[web]'): {exc}") from None
-    print(f"attnserve web: http://{args.host}:{args.port}/ (gRPC server: {args.address})", flush=True)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise SystemExit("error: --tls-cert and --tls-key go together: give both or neither")
+    try:
+        page_tls = gateway.tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    scheme = "https" if page_tls else "http"
+    print(f"attnserve web: {scheme}://{args.host}:{args.port}/ (gRPC server: {args.address})", flush=True)
     _connect(args).close()  # checks the flags here; the gateway makes its own asyncio client from them
     try:
-        gateway.run(args.address, args.host, args.port, **_connection(args))
+        gateway.run(args.address, args.host, args.port, page_tls, **_connection(args))
     except OSError as exc:  # the port is in use, or the host is not an interface of this machine
         raise SystemExit(f"error: {exc}") from None
 

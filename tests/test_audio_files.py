@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnserve.server import audio_files
-from tests.fakes import wav_bytes
+from fakes import wav_bytes
 
 RATE = 16000
 SECONDS = 2.0

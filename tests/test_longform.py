@@ -27,8 +27,8 @@ from attnserve.server.generation import (
 )
 from attnserve.server.longform import LongFormEngine, LongFormOptions
 from attnserve.server.repository import find_models
-from tests.fakes import wav_bytes
-from tests.speech_clips import RATE, espeak, recording
+from fakes import wav_bytes
+from speech_clips import RATE, espeak, recording
 
 pytestmark = pytest.mark.bundled
 
@@ -249,3 +249,64 @@ class _Counting:
     def submit(self, request, on_token=None):
         self.submitted += 1
         return self._inner.submit(request, on_token)
+
+
+def test_the_page_gets_each_segment_then_the_subtitles(server, unary, spoken):
+    pytest.importorskip("aiohttp")
+    from gateway_thread import BackgroundGateway
+
+    with BackgroundGateway(server.address) as page:
+        lines = _post_lines(f"{page.url}/api/transcribe?model={NAME}&beam_size=1", spoken[0])
+    segments, last = [line["segment"] for line in lines[:-1]], lines[-1]
+    assert sorted(s["index"] for s in segments) == list(range(len(unary.segments)))
+    assert last["result"]["text"] == unary.text and last["srt"].startswith("1\n00:00:0")
+    assert last["vtt"].startswith("WEBVTT\n\n")
+
+
+def test_the_page_is_served_over_https_with_a_certificate(server, tmp_path):
+    pytest.importorskip("aiohttp")
+    import asyncio
+    import shutil
+    import ssl
+    import subprocess
+    import urllib.request
+
+    from aiohttp import web
+
+    from attnserve.clients.web import gateway
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "page.crt", tmp_path / "page.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(gateway.make_app(server.address))
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=gateway.tls_context(str(cert), str(key)))
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        trusted = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/", timeout=WAIT, context=trusted) as response:
+            assert response.status == 200 and b"long-file" in response.read()
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(WAIT)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+    with pytest.raises(ValueError, match="cannot use --tls-cert"):
+        gateway.tls_context(str(key), str(key))
+
+
+def _post_lines(url: str, body: bytes) -> list[dict]:
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "audio/wav"})
+    with urllib.request.urlopen(request, timeout=WAIT) as response:
+        assert response.headers.get_content_type() == "application/x-ndjson"
+        return [json.loads(line) for line in response.read().decode().splitlines() if line.strip()]

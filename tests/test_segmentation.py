@@ -14,7 +14,7 @@ from attnserve.server.segmentation import (
     segment,
     speech_regions,
 )
-from tests.speech_clips import RATE, espeak, recording
+from speech_clips import RATE, espeak, recording
 
 TONE_SECONDS = [1.2, 0.6, 2.5, 0.9]
 PAUSES = [0.7, 1.0, 0.8, 1.5, 0.6]

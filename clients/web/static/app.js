@@ -1,5 +1,6 @@
 // The demo page: pick a model, give it text, audio or an image, show the answer with its attention.
 import { show } from "./attention.js";
+import { transcribeLong } from "./captions.js";
 import { blobToWav } from "./wav.js";
 
 const $ = (id) => document.getElementById(id);
@@ -117,6 +118,13 @@ async function start() {
   $("record").addEventListener("click", toggleRecording);
   $("audio-file").addEventListener("change", () => $("audio-file").files[0] && sendAudio($("audio-file").files[0]));
   $("image-file").addEventListener("change", sendImage);
+  $("long-file").addEventListener("change", () => {
+    const file = $("long-file").files[0];
+    if (file) {
+      $("error").hidden = true;
+      transcribeLong($("model").value, file, report);
+    }
+  });
   document.body.dataset.ready = "true";
 }
 
