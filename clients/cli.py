@@ -529,9 +529,13 @@ def _input_line(info: ModelInfo) -> str:
     """What the model reads, with the limits a request must respect."""
     if info.audio is not None:
         a = info.audio
+        files = ", ".join(f.upper() for f in a.formats) or "WAV"
+        # A server that cuts long recordings at pauses says how long they may be.
+        long_form = (f" (longer, cut at pauses: up to {a.long_form_max_seconds:g} s and {a.long_form_max_bytes} "
+                     "bytes)") if a.long_form_max_seconds else ""
         return (
-            f"audio (WAV or samples, resampled to {a.sample_rate_hz} Hz), at most {a.max_seconds:g} s and "
-            f"{a.max_bytes} bytes; {a.seconds_per_column:g} s per attention column"
+            f"audio ({files} or samples, resampled to {a.sample_rate_hz} Hz), at most {a.max_seconds:g} s and "
+            f"{a.max_bytes} bytes{long_form}; {a.seconds_per_column:g} s per attention column"
         )
     if info.image is not None:
         i = info.image

@@ -167,11 +167,16 @@ def test_a_stream_left_early_stops_decoding_on_the_server(served, engine, spoken
     assert not engine._jobs
 
 
-def test_get_model_states_the_long_form_limits(served):
+def test_get_model_states_the_long_form_limits(served, server, capsys):
+    from attnserve.clients import cli
+
     info = served.get_model(NAME)
     assert info.audio.long_form_max_seconds == 90 and info.audio.long_form_max_bytes == 4_000_000
     assert info.audio.max_seconds == 20 and {"wav", "flac", "ogg", "mp3"} <= set(info.audio.formats)
     assert info.max_request_bytes > 4_000_000
+    assert cli.main(["models", "--address", server.address]) == 0
+    assert "at most 20 s and 16777216 bytes (longer, cut at pauses: up to 90 s and 4000000 bytes)" in (
+        capsys.readouterr().out)
 
 
 def test_limits_are_refused_with_the_limit_named(served, monkeypatch):
