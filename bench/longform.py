@@ -35,7 +35,7 @@ from attnserve.export.speech.synthesizer import Request
 from attnserve.export.speech.text import select
 from attnserve.server import app
 from attnserve.server.audio import resample
-from attnserve.server.engine import load_engine
+from attnserve.server.registry import load_engine
 from attnserve.server.generation import DecodingOptions, GenerationResult
 from attnserve.server.longform import LongFormEngine, LongFormOptions
 from attnserve.server.repository import find_models

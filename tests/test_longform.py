@@ -17,7 +17,7 @@ from attnserve.clients.client import AttnServeError, Client, audio_request
 from attnserve.server import app, audio_files
 from attnserve.server.audio import read_wav
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine
+from attnserve.server.registry import load_engine
 from attnserve.server.generation import (
     AudioInput,
     DecodingOptions,
