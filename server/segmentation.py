@@ -31,6 +31,10 @@ from attnserve.server.audio import resample
 FRAME_SECONDS = 0.03
 # Frames the WebRTC VAD hears before a recording's first frame: the recording's quietest (about 1 s).
 _PRIMING_FRAMES = 32
+# Frames whose level is computed at once.
+_BLOCK_FRAMES = 4096
+# The shortest piece a cut leaves behind it, in frames: a recognizer needs a few of its analysis windows.
+_MIN_PIECE_FRAMES = 4
 # The rates the WebRTC VAD reads; other rates are resampled to the first that is not below them.
 _VAD_RATES = (8000, 16000, 32000, 48000)
 
@@ -101,8 +105,8 @@ class WebRtcDetector(VoiceDetector):
         step = round(FRAME_SECONDS * vad_rate)
         pcm = pcm[: min(frames, len(pcm) // step) * step].reshape(-1, step)  # (F, step)
         vad = self._new_vad()
-        energy = (pcm.astype(np.float64) ** 2).sum(axis=1)
-        for row in pcm[np.sort(np.argsort(energy)[:_PRIMING_FRAMES])]:  # the quietest frames, in time order
+        level = frame_rms(x, vad_rate)[: len(pcm)]
+        for row in pcm[np.sort(np.argsort(level)[:_PRIMING_FRAMES])]:  # the quietest frames, in time order
             vad.is_speech(row.tobytes(), vad_rate)
         out = np.array([vad.is_speech(row.tobytes(), vad_rate) for row in pcm], dtype=bool)
         out = np.pad(out, (0, frames - len(out)))  # resampling may end a frame short
@@ -126,11 +130,16 @@ class EnergyDetector(VoiceDetector):
 
 
 def frame_rms(samples: np.ndarray, rate: int) -> np.ndarray:
-    """(F,) RMS of each whole FRAME_SECONDS frame."""
+    """(F,) RMS of each whole FRAME_SECONDS frame (in float64 a block of frames at a time: an hour's
+    samples are not copied whole)."""
     step = round(FRAME_SECONDS * rate)
     frames = len(samples) // step
-    x = np.asarray(samples[: frames * step], dtype=np.float64).reshape(frames, step)
-    return np.sqrt((x * x).mean(axis=1))
+    out = np.empty(frames)
+    for lo in range(0, frames, _BLOCK_FRAMES):
+        hi = min(lo + _BLOCK_FRAMES, frames)
+        x = np.asarray(samples[lo * step : hi * step], dtype=np.float64).reshape(hi - lo, step)
+        out[lo:hi] = np.sqrt((x * x).mean(axis=1))
+    return out
 
 
 def segment(samples: np.ndarray, rate: int, options: SegmentationOptions, detector: VoiceDetector) -> list[Segment]:
@@ -196,7 +205,9 @@ def _bounded(start: int, end: int, limit: int, rms: np.ndarray, step: int) -> li
     second half of the piece it ends."""
     pieces = []
     while end - start > limit:
-        lo, hi = -(-(start + limit // 2) // step), (start + limit) // step  # whole frames in the second half
+        # Whole frames in the second half, leaving at least _MIN_PIECE_FRAMES for what follows.
+        lo = -(-(start + limit // 2) // step)
+        hi = min(start + limit, end - _MIN_PIECE_FRAMES * step) // step
         frames = rms[lo:hi]
         cut = (lo + int(np.argmin(frames))) * step if len(frames) else start + limit
         pieces.append((start, cut))

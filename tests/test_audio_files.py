@@ -85,6 +85,14 @@ def test_wav_is_read_by_the_servers_own_parser():
     np.testing.assert_allclose(audio_files.decode(data, header), x, atol=1 / 32768)
 
 
+def test_a_long_stereo_wav_decodes_block_by_block_to_the_parsers_samples():
+    from attnserve.server.audio import read_wav
+
+    x = np.tile(chirp(channels=2), (10, 1))  # 20 s: more than one block of frames
+    data = wav_bytes(x, RATE)
+    np.testing.assert_array_equal(audio_files.decode(data, audio_files.probe(data)), read_wav(data).samples())
+
+
 @pytest.mark.parametrize("data, message", [
     (b"hello world, not audio at all", "not a file format this server reads: send WAV, FLAC, Ogg"),
     (b"fLaC" + bytes(200), "cannot read the FLAC file"),

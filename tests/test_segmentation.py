@@ -59,6 +59,13 @@ def test_a_region_longer_than_the_window_is_cut_at_its_quietest_frame():
     assert cut[0].start == 0 and cut[-1].end == len(x) and all(a.end == b.start for a, b in zip(cut, cut[1:]))
 
 
+def test_a_cut_never_leaves_a_sliver_behind():
+    x = (0.3 * np.sin(2 * np.pi * 200 * np.arange(round(4.01 * RATE)) / RATE)).astype(np.float32)
+    cut = segment(x, RATE, SegmentationOptions(max_seconds=4, padding_seconds=0), EnergyDetector())
+    assert len(cut) == 2 and all(s.end - s.start >= 4 * FRAME_SECONDS * RATE for s in cut)
+    assert all(s.end - s.start <= 4 * RATE for s in cut)
+
+
 def test_silence_gives_no_segment():
     x = np.zeros(5 * RATE, dtype=np.float32)
     assert segment(x, RATE, SegmentationOptions(max_seconds=20), EnergyDetector()) == []
