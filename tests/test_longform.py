@@ -315,3 +315,26 @@ def _post_lines(url: str, body: bytes) -> list[dict]:
     with urllib.request.urlopen(request, timeout=WAIT) as response:
         assert response.headers.get_content_type() == "application/x-ndjson"
         return [json.loads(line) for line in response.read().decode().splitlines() if line.strip()]
+
+
+def test_engines_in_child_processes_cut_long_recordings_as_in_process(tiny_speech_repo):
+    """--engine-process: the wrapper sits in the gRPC process over the child's engine, with the same answer."""
+    from conftest import TINY_SPEECH_NAME
+
+    rate, parts = 16000, []
+    for i in range(3):  # 1.2 s chirps between pauses: 6 s, over the tiny model's 3-s window
+        t = np.arange(round(1.2 * rate)) / rate
+        parts += [np.zeros(round(0.8 * rate)), 0.3 * np.sin(2 * np.pi * (300 + 200 * i + 600 * t) * t)]
+    wav = wav_bytes(np.concatenate(parts + [np.zeros(rate // 2)]), rate)
+    asked = dataclasses.replace(audio_request(wav, model=TINY_SPEECH_NAME), decoding=GREEDY)
+    answers = []
+    for in_process in (True, False):
+        options = app.ServeOptions(models=str(tiny_speech_repo), engine_process=not in_process)
+        engines, _ = app.load_models(options)
+        try:
+            assert isinstance(engines[TINY_SPEECH_NAME], LongFormEngine)
+            answers.append(engines[TINY_SPEECH_NAME].generate(asked, WAIT))
+        finally:
+            for engine in engines.values():
+                engine.close()
+    assert len(answers[0].segments) == 3 and answers[0].segments == answers[1].segments
