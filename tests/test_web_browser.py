@@ -291,3 +291,9 @@ def test_upload_a_long_recording_and_download_its_subtitles(page, demo, tmp_path
         page.click("#download-vtt")
     assert pathlib.Path(download.value.path()).read_text().startswith("WEBVTT")
     page.screenshot(path=str(tmp_path / "long.png"), full_page=True)
+    # The same file through the ordinary upload (or a long recording from the microphone) goes the same way.
+    page.reload()
+    open_page(page, url, TINY_SPEECH_NAME)
+    page.set_input_files("#audio-file", str(tmp_path / "long.wav"))
+    page.wait_for_selector("body[data-transcribed=true]")
+    assert page.locator("#segments li").count() == 4 and page.is_hidden("#result")
