@@ -159,12 +159,17 @@ def resample(x: np.ndarray, orig_hz: int, new_hz: int, zero_crossings: int = 6, 
     window = np.cos(t * np.pi / zero_crossings / 2) ** 2
     kernels = np.sinc(t) * window * (cutoff / a)  # (b, K), K = a + 2 * width
     x = np.asarray(x)
-    padded = np.pad(x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False), (width, width + a))
-    blocks = np.lib.stride_tricks.sliding_window_view(padded, kernels.shape[1])[::a]  # (n, K)
-    out = np.empty((len(blocks), b), dtype=np.float32)
-    # A chunk of blocks at a time: the (n, K) window matrix of an hour-long recording would not fit memory.
-    for lo in range(0, len(blocks), _RESAMPLE_CHUNK_BLOCKS):
-        out[lo : lo + _RESAMPLE_CHUNK_BLOCKS] = blocks[lo : lo + _RESAMPLE_CHUNK_BLOCKS].astype(np.float64) @ kernels.T
+    # Block i reads x[i*a - width : i*a - width + K], zeros outside x. A chunk of blocks at a time, padded
+    # on its own: neither the whole padded signal nor the (n, K) window matrix of an hour is ever built.
+    n, k = len(x) // a + 1, kernels.shape[1]
+    out = np.empty((n, b), dtype=np.float32)
+    for lo in range(0, n, _RESAMPLE_CHUNK_BLOCKS):
+        hi = min(lo + _RESAMPLE_CHUNK_BLOCKS, n)
+        start, stop = lo * a - width, (hi - 1) * a - width + k  # the chunk's span of x
+        part = np.pad(x[max(start, 0) : min(stop, len(x))].astype(np.float64),
+                      (max(-start, 0), max(stop - len(x), 0)))
+        blocks = np.lib.stride_tricks.sliding_window_view(part, k)[::a]  # (hi - lo, K)
+        out[lo:hi] = blocks @ kernels.T
     return out.reshape(-1)[: math.ceil(len(x) * b / a)]
 
 
