@@ -4,8 +4,9 @@
 `submit` and `cancel`) and leaves every request it need not touch to it unchanged: text, images, and audio
 within the window in the WAV format the engine reads. For the others, `submit`:
 
-  1. checks the request's options (no attention matrix over an hour, no n-best) and the long-form limits
-     from the file's header, before decoding anything big (server/audio_files.py);
+  1. checks the long-form limits from the file's header, and for a recording longer than the window the
+     options it cannot have (no attention matrix over an hour, no n-best), before decoding anything big
+     (server/audio_files.py);
   2. decodes the file (WAV, FLAC, Ogg, MP3, M4A) to mono and resamples it to the model's rate;
   3. audio within the window goes on as one ordinary request of raw samples; longer audio is cut at its
      pauses into segments no longer than the window (server/segmentation.py);
@@ -128,8 +129,7 @@ class LongFormEngine:
         audio = request.audio
         if audio is None or self._engine_reads(audio):
             return self._engine.submit(request, on_token, **keywords)
-        self._check_options(request)
-        recording = self._decode(audio)
+        recording = self._decode(audio, request)
         seconds = len(recording.samples) / recording.rate
         samples = AudioInput(samples=recording.samples, sample_rate_hz=recording.rate)
         if seconds <= self._window:
@@ -185,20 +185,24 @@ class LongFormEngine:
             return True
         return header is not None and header.seconds <= self._window and len(audio.wav) <= info.max_bytes
 
-    def _check_options(self, request: GenerationRequest) -> None:
-        window = f"the model's {self._window:g} s window"
+    def _check_options(self, request: GenerationRequest, seconds: float) -> None:
+        """Refuses what a recording cut into segments cannot have, once its header says it will be cut."""
+        if seconds <= self._window:
+            return
+        window = f"longer than the model's {self._window:g} s window"
         if request.attention.enabled:
-            raise ValueError(f"attention is not returned for long-form audio (longer than {window}, or not WAV): "
-                             "ask without attention, or send a WAV file of at most that length")
+            raise ValueError(f"attention is not returned for long-form audio ({window}): ask without attention, "
+                             "or send at most the window")
         if request.decoding.num_return_sequences > 1:
             raise ValueError(f"num_return_sequences {request.decoding.num_return_sequences} is not available for "
-                             f"long-form audio (longer than {window}, or not WAV): use 1")
+                             f"long-form audio ({window}): use 1")
 
-    def _decode(self, audio: AudioInput) -> _Recording:
-        """The request's audio at the model's rate, after every limit that its header can tell.
+    def _decode(self, audio: AudioInput, request: GenerationRequest) -> _Recording:
+        """The request's audio at the model's rate, after every limit and option check that its header can tell.
 
         Raises:
-            InputTooLargeError: over long_form_max_bytes or long_form_max_seconds. ValueError: unusable.
+            InputTooLargeError: over long_form_max_bytes or long_form_max_seconds. ValueError: unusable, or
+                options a long recording cannot have.
         """
         name, o = self.info.name, self.options
         size = len(audio.wav) if audio.samples is None else 4 * len(audio.samples)
@@ -209,6 +213,7 @@ class LongFormEngine:
             if audio.wav:
                 raise ValueError("set one of AudioInput data (an audio file) and samples, not both")
             self._check_header(audio.sample_rate_hz, len(audio.samples))
+            self._check_options(request, len(audio.samples) / audio.sample_rate_hz)
             samples, rate = np.asarray(audio.samples, dtype=np.float32).reshape(-1), audio.sample_rate_hz
         else:
             header = audio_files.probe(audio.wav)
@@ -216,8 +221,10 @@ class LongFormEngine:
                 raise ValueError(f"sample_rate_hz {audio.sample_rate_hz} differs from the file's "
                                  f"{header.sample_rate_hz} Hz; leave it 0 for audio files")
             self._check_header(header.sample_rate_hz, header.frames)
+            self._check_options(request, header.seconds)
             samples, rate = audio_files.decode(audio.wav, header), header.sample_rate_hz
             self._check_header(rate, len(samples))  # a header's duration may be an estimate (MP3)
+            self._check_options(request, len(samples) / rate)
         if not np.isfinite(samples).all():
             raise ValueError("audio holds non-finite samples (NaN or infinity)")
         return _Recording(resample(samples, rate, self._rate), self._rate)

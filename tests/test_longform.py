@@ -212,6 +212,19 @@ def test_a_file_that_is_no_audio_is_invalid(served):
     assert caught.value.code is grpc.StatusCode.INVALID_ARGUMENT and "cannot read the MP3 file" in caught.value.details
 
 
+def test_a_short_mp3_is_an_ordinary_request_of_its_samples_with_attention(served, engine, spoken):
+    import soundfile
+
+    out = io.BytesIO()
+    soundfile.write(out, read_wav(spoken[0]).samples()[: 4 * RATE], RATE, format="MP3")
+    result = served.generate(request(out.getvalue(), attention=True))
+    assert result.segments == [] and result.attention is not None and result.words
+    samples = audio_files.decode(out.getvalue(), audio_files.probe(out.getvalue()))
+    alone = engine._engine.generate(dataclasses.replace(
+        request(out.getvalue(), attention=True), audio=AudioInput(samples=samples, sample_rate_hz=RATE)), WAIT)
+    assert (result.text, result.words) == (alone.text, alone.words)
+
+
 def test_clips_within_the_window_are_the_engines_own(served, engine, spoken):
     short = wav_bytes(read_wav(spoken[0]).samples()[: 5 * RATE], RATE)
     result = served.generate(request(short))
