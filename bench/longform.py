@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beam-size", type=int, default=0, help="0 = the model's default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--padding", type=float, default=None, help="segmentation padding_seconds (default: the server's)")
+    parser.add_argument("--in-flight", type=int, default=None, help="segments_in_flight (default: the server's)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.padding is not None:
         options = dataclasses.replace(options, segmentation=dataclasses.replace(options.segmentation,
                                                                                 padding_seconds=args.padding))
+    if args.in_flight is not None:
+        options = dataclasses.replace(options, segments_in_flight=args.in_flight)
     engine = LongFormEngine(load_engine(find_models(args.models)[NAME]), options)
     decoding = DecodingOptions(beam_size=args.beam_size)
     with app.BackgroundServer({NAME: engine}) as server, Client(server.address, timeout=3600) as client:
@@ -183,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         **drift(errors, seconds),
         "beam_size": args.beam_size or "model default",
         "padding_seconds": options.segmentation.padding_seconds,
+        "segments_in_flight": options.segments_in_flight,
     }
     (args.out / "figures.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))
