@@ -200,6 +200,9 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         web = commands.add_parser("web", help="serve the browser demo, an HTTP gateway to the server at --address")
         web.add_argument("--host", default="127.0.0.1", help="interface of the page (default: %(default)s)")
         web.add_argument("--port", type=int, default=8080, help="HTTP port of the page (default: %(default)s)")
+        from attnserve.clients.web import http_options  # no aiohttp: the flags show without the `web` extra
+
+        http_options.add_arguments(web)
         _add_address(web)
         web.set_defaults(run=_web)
     return parser
@@ -497,10 +500,18 @@ def _web(args: argparse.Namespace) -> None:
         from attnserve.clients.web import gateway
     except ImportError as exc:  # aiohttp comes with the `web` extra
         raise SystemExit(f"error: the web demo needs the web extra (pip install 'attnserve[web]'): {exc}") from None
-    print(f"attnserve web: http://{args.host}:{args.port}/ (gRPC server: {args.address})", flush=True)
+    from attnserve.clients.web import http_options
+
+    try:
+        http = http_options.from_args(args)
+        http.ssl_context()  # a wrong certificate stops here, before anything listens
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    scheme = "https" if http.tls_cert else "http"
+    print(f"attnserve web: {scheme}://{args.host}:{args.port}/ (gRPC server: {args.address})", flush=True)
     _connect(args).close()  # checks the flags here; the gateway makes its own asyncio client from them
     try:
-        gateway.run(args.address, args.host, args.port, **_connection(args))
+        gateway.run(args.address, args.host, args.port, http, **_connection(args))
     except OSError as exc:  # the port is in use, or the host is not an interface of this machine
         raise SystemExit(f"error: {exc}") from None
 

@@ -38,6 +38,7 @@ from attnserve.server.generation import (
     Token,
     resolved_beam_size,
 )
+from attnserve.server.language_detection import target_for
 from attnserve.server.ngram_lm import NgramLanguageModel
 from attnserve.server.repository import ModelVersion, find_models, open_runtime
 from attnserve.server.reranking import Reranker
@@ -143,7 +144,7 @@ class ModelEngine:
         m = self.manifest
         if request.model and request.model != m.name:
             raise ValueError(f"request for model '{request.model}' sent to model '{m.name}'")
-        language = request.target_language or m.target_languages[0]
+        language = request.target_language or target_for(m.source_languages, m.target_languages, request.text)
         if language not in m.decoder_start:
             supported = ", ".join(m.target_languages)
             raise ValueError(f"unknown target language '{language}' for model '{m.name}'; supported: {supported}")

@@ -125,7 +125,8 @@ class GenerationRequest:
     model: str
     # Source text (text models); "" when the request carries audio or an image.
     text: str = ""
-    # Target language code, e.g. "en" or "zh-TW"; "" = the model's only / first target language.
+    # Target language code, e.g. "en" or "zh-TW"; "" = the model's only target language, or for text the one
+    # the text is not written in (server/language_detection.py), else the first.
     target_language: str = ""
     decoding: DecodingOptions = DecodingOptions()
     attention: AttentionOptions = AttentionOptions()
