@@ -88,6 +88,7 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(prog="attnserve", description=__doc__.splitlines()[0])
     else:
         parser = argparse.ArgumentParser(prog="attnserve-client", description=_CLIENT_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=_version(server_commands))
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     if server_commands:
@@ -99,7 +100,7 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         serve.set_defaults(run=_serve)
 
     translate = commands.add_parser("translate", help="translate text and optionally show the attention")
-    translate.add_argument("text")
+    translate.add_argument("text", help="the text to translate")
     translate_to = translate.add_argument(
         "--to",
         help="target language (default: asked from the server: the model's only target language, else the one "
@@ -109,9 +110,7 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
         help="also draw the attention heatmap: in the terminal, or as a PNG (matplotlib) given a path",
     )
-    grouping = translate.add_mutually_exclusive_group()
-    grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
-    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
+    _add_granularity(translate)
     translate.add_argument(
         "--layer", type=int, help="decoder layer; negative counts from the last (default: the model's choice)"
     )
@@ -142,7 +141,7 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     sampling.add_argument("--top-k", type=int, help="sample among the K most likely tokens (default: all)")
     sampling.add_argument("--top-p", type=float, help="sample among the most likely tokens up to P (default 1)")
     sampling.add_argument("--seed", type=int, help="the same seed gives the same output (default: random)")
-    translate.add_argument("--model", default=DEFAULT_MODEL, help="(default: %(default)s)")
+    translate.add_argument("--model", default=DEFAULT_MODEL, help="a served text model (default: %(default)s)")
     translate.add_argument("--json", action="store_true", help="print the whole response as JSON")
     translate.add_argument("--stream", action="store_true", help="print the output as it is decoded")
     _add_address(translate)
@@ -151,14 +150,12 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     compare = commands.add_parser(
         "compare", help="translate with several models and show their attention heatmaps side by side"
     )
-    compare.add_argument("text")
+    compare.add_argument("text", help="the text every model translates")
     compare.add_argument("--to", help=translate_to.help)
     compare.add_argument(
         "--models", help="comma-separated model names, two or more (default: every served translation model)"
     )
-    grouping = compare.add_mutually_exclusive_group()
-    grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
-    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
+    _add_granularity(compare)
     compare.add_argument("--json", action="store_true", help="print every model's whole response, keyed by model")
     _add_address(compare)
     compare.set_defaults(run=_compare, granularity="words")
@@ -206,6 +203,25 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         _add_address(web)
         web.set_defaults(run=_web)
     return parser
+
+
+def _version(server_commands: bool) -> str:
+    """"attnserve 0.1.0": the installed distribution's version (the client's for `attnserve-client`)."""
+    from importlib import metadata
+
+    name = "attnserve" if server_commands else "attnserve-client"
+    try:
+        return f"{name} {metadata.version(name)}"
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return f"{name} (not installed)"
+
+
+def _add_granularity(parser: argparse.ArgumentParser) -> None:
+    grouping = parser.add_mutually_exclusive_group()
+    grouping.add_argument("--words", dest="granularity", action="store_const", const="words",
+                          help="attention between whole words, pieces merged (default)")
+    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces",
+                          help="attention between the tokenizer's subword pieces")
 
 
 def _add_address(parser: argparse.ArgumentParser) -> None:
