@@ -125,6 +125,8 @@ def _decoding_from_proto(msg: pb.DecodingOptions) -> gen.DecodingOptions:
         no_repeat_ngram_size=msg.no_repeat_ngram_size,
         sampling=sampling,
         reverse_weight=msg.reverse_weight,
+        glossary=tuple(sorted(msg.glossary.items())),
+        ignore_default_glossary=msg.ignore_default_glossary,
     )
 
 
@@ -140,6 +142,8 @@ def _decoding_to_proto(options: gen.DecodingOptions) -> pb.DecodingOptions:
         no_repeat_ngram_size=options.no_repeat_ngram_size,
         sampling=sampling,
         reverse_weight=options.reverse_weight,
+        glossary=dict(options.glossary),
+        ignore_default_glossary=options.ignore_default_glossary,
     )
 
 
@@ -186,6 +190,7 @@ def result_to_proto(result: gen.GenerationResult) -> pb.GenerateResponse:
         timings=pb.Timings(**dataclasses.asdict(timings)),  # the message mirrors the dataclass field by field
         words=[pb.WordTiming(**dataclasses.asdict(w)) for w in result.words],
         nbest=[_scored_to_proto(s) for s in result.nbest],
+        glossary=[pb.GlossaryPlacement(**dataclasses.asdict(g)) for g in result.glossary],
     )
 
 
@@ -210,6 +215,7 @@ def result_from_proto(msg: pb.GenerateResponse) -> gen.GenerationResult:
         timings=gen.Timings(**{f.name: getattr(timings, f.name) for f in dataclasses.fields(gen.Timings)}),
         words=[gen.WordTiming(w.word, w.start_seconds, w.end_seconds) for w in msg.words],
         nbest=[_scored_from_proto(s) for s in msg.nbest],
+        glossary=[_fields(gen.GlossaryPlacement, g) for g in msg.glossary],
     )
 
 

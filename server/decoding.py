@@ -73,6 +73,8 @@ class PreparedRequest:
     forced_ids: tuple[int, ...] | None = None
     # DecodingOptions.reverse_weight > 0: the language to translate the candidates back into.
     reverse_language: str | None = None
+    # Glossary terms the output must contain (server/glossary.py Constraint); () = none.
+    constraints: tuple = ()
 
     @property
     def keeps_attention(self) -> bool:
@@ -697,7 +699,10 @@ def make_strategy(
         raise ValueError(f"one batch needs one beam size, got {sorted(sizes)}")
     size = sizes.pop()
     if size > 1:
-        return BeamSearch(requests, eos, length_budget)
+        from attnserve.server.constrained_search import ConstrainedBeamSearch  # it builds on BeamSearch
+
+        constrained = any(r.constraints for r in requests)
+        return (ConstrainedBeamSearch if constrained else BeamSearch)(requests, eos, length_budget)
     if any(r.sampling is not None for r in requests):
         return SampledSearch(requests, eos, length_budget)
     return GreedySearch(requests, eos, length_budget)

@@ -21,7 +21,7 @@ from concurrent.futures import CancelledError, Future
 
 import numpy as np
 
-from attnserve.server import limits, preprocessing, search_options
+from attnserve.server import glossary, limits, preprocessing, search_options
 from attnserve.server.attention import attention_matrix, combine_heads
 from attnserve.server.batcher import Batcher, BatchingOptions, WorkItem
 from attnserve.server.continuous import ContinuousLoop
@@ -38,6 +38,7 @@ from attnserve.server.generation import (
     Token,
     resolved_beam_size,
 )
+from attnserve.server.glossary import Glossary
 from attnserve.server.language_detection import target_for
 from attnserve.server.ngram_lm import NgramLanguageModel
 from attnserve.server.repository import ModelVersion, find_models, open_runtime
@@ -93,6 +94,8 @@ class ModelEngine:
         loop = self._continuous.run if self._continuous is not None else None
         self._batcher = Batcher(self._process, batching, name=self.manifest.name, loop=loop)
         self._reranker = Reranker(self)
+        self.glossary = Glossary(glossary.read_file(model.path.parent / glossary.FILE), tokenizer,
+                                 self.manifest.special_tokens.unk, self.manifest.input.kind == "text")
 
     @property
     def providers(self) -> list[str]:
@@ -121,7 +124,8 @@ class ModelEngine:
         info = self.preprocessor.describe(info)
         wire = limits.request_bytes(limits.input_bytes(info, self.max_text_chars))
         return dataclasses.replace(info, max_request_bytes=wire, max_attention_values=self._max_attention_values,
-                                   max_response_bytes=limits.MessageLimits.send_bytes)
+                                   max_response_bytes=limits.MessageLimits.send_bytes,
+                                   glossary_terms=len(self.glossary.default))
 
     @property
     def max_text_chars(self) -> int | None:
@@ -166,6 +170,7 @@ class ModelEngine:
         if layer is not None:
             self._check_attention_values(max_new_tokens, source.length, request.decoding.num_return_sequences)
         reverse = self._reverse_language(language) if request.decoding.reverse_weight > 0 else None
+        constraints = self.glossary.constraints(request, max_new_tokens, beam_size)
         return PreparedRequest(
             request=request,
             source=source,
@@ -183,6 +188,7 @@ class ModelEngine:
             attention_heads=heads,
             attention_reduction=request.attention.reduction,
             reverse_language=reverse,
+            constraints=constraints,
         )
 
     def _reverse_language(self, target: str) -> str:
@@ -443,6 +449,7 @@ class ModelEngine:
             timings=timings,
             words=words,
             nbest=self._nbest(prepared, hyp),
+            glossary=glossary.placements(prepared.constraints, ids),
         )
 
     def _nbest(self, prepared: PreparedRequest, hyp: Hypothesis) -> list[ScoredSequence]:
