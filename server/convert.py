@@ -126,7 +126,7 @@ def _decoding_from_proto(msg: pb.DecodingOptions) -> gen.DecodingOptions:
         sampling=sampling,
         reverse_weight=msg.reverse_weight,
         glossary=tuple(sorted(msg.glossary.items())),
-        ignore_default_glossary=msg.ignore_default_glossary,
+        use_default_glossary=msg.use_default_glossary,
     )
 
 
@@ -143,7 +143,7 @@ def _decoding_to_proto(options: gen.DecodingOptions) -> pb.DecodingOptions:
         sampling=sampling,
         reverse_weight=options.reverse_weight,
         glossary=dict(options.glossary),
-        ignore_default_glossary=options.ignore_default_glossary,
+        use_default_glossary=options.use_default_glossary,
     )
 
 

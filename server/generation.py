@@ -49,10 +49,10 @@ class DecodingOptions:
     # log p(source | candidate), the same model translating each candidate back (server/reranking.py).
     # Beam search on a model that translates both ways; not streamed. 0 = the beam's own order.
     reverse_weight: float = 0.0
-    # Terminology constraints: (source term, required target term) pairs, sorted; merged over the model's
-    # default glossary unless ignore_default_glossary (server/glossary.py).
+    # Terminology constraints: (source term, required target term) pairs, sorted (server/glossary.py).
+    # use_default_glossary: also the model's default glossary, these pairs winning where both name a term.
     glossary: tuple[tuple[str, str], ...] = ()
-    ignore_default_glossary: bool = False
+    use_default_glossary: bool = False
 
 
 # Greedy search whatever the model's default search is: what a comparison with another greedy decoder needs.

@@ -1,8 +1,10 @@
 """Glossaries: the target terms a translation must use for the source terms its text contains.
 
-A request's `DecodingOptions.glossary` (source term -> target term) is merged over the model's default
-glossary (`glossary.tsv` in the model's repository folder, beside its version folders: one `source<TAB>
-target` per line, `#` comments), the request's entries winning. Every occurrence of a source term in the
+A request's `DecodingOptions.glossary` (source term -> target term), with `use_default_glossary` merged
+over the model's default glossary (`glossary.tsv` in the model's repository folder, beside its version
+folders: one `source<TAB>target` per line, `#` comments), the request's entries winning. The default is
+opt-in, so that a request without glossary options decodes as it always did (and model cards measure the
+model alone). Every occurrence of a source term in the
 text becomes one constraint: the target term's token ids, which constrained beam search
 (server/constrained_search.py) must place in the output. After decoding, `placements` finds each target
 term among the output tokens, so the response (and the attention rows of those tokens) shows where it went.
@@ -82,8 +84,10 @@ class Glossary:
         options = request.decoding
         if options.glossary and not self._text_model:
             raise ValueError("a glossary constrains translations of text: this model does not read text")
-        default = {} if options.ignore_default_glossary else self.default
-        found = _occurrences(request.text, dict(options.glossary), default)
+        requested = dict(options.glossary)
+        # The default glossary does not refuse a greedy or sampled request: it is skipped there.
+        default = self.default if options.use_default_glossary and beam_size >= 2 else {}
+        found = _occurrences(request.text, requested, default)
         if not found:
             return ()
         if len(found) > MAX_TERMS:
