@@ -9,9 +9,9 @@ text becomes one constraint: the target term's token ids, which constrained beam
 (server/constrained_search.py) must place in the output. After decoding, `placements` finds each target
 term among the output tokens, so the response (and the attention rows of those tokens) shows where it went.
 
-Matching is on characters: terms are found where they occur, longest first, never overlapping; where a
-default term and a request term overlap, the request's wins; two request terms that overlap are a
-conflict the caller must resolve. Everything that cannot be enforced is a ValueError naming the term.
+Matching is on characters, ignoring case: terms are found where they occur, longest first, never
+overlapping; where a default term and a request term overlap, the request's wins; two request terms that
+overlap are a conflict the caller must resolve. Everything that cannot be enforced is a ValueError naming the term.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import dataclasses
 import pathlib
 from collections.abc import Mapping, Sequence
 
-from attnserve.server.generation import GlossaryPlacement, GenerationRequest
+from attnserve.server.generation import GenerationRequest, GlossaryPlacement
+from attnserve.server.language_detection import script_of
 from attnserve.server.tokenization import Tokenizer
 
 FILE = "glossary.tsv"
@@ -95,7 +96,8 @@ class Glossary:
         if beam_size < 2:
             terms = ", ".join(f"'{source}'" for source, *_ in found)
             raise ValueError(f"glossary term(s) {terms} need beam search: use beam_size 2 or more (got {beam_size})")
-        out = tuple(Constraint(source, target, start, end, self._token_ids(target)) for source, target, start, end in found)
+        out = tuple(Constraint(source, target, start, end, self._token_ids(target))
+                    for source, target, start, end in found)
         needed = sum(len(c.token_ids) for c in out)
         if needed > max_new_tokens:
             raise ValueError(f"glossary targets need {needed} tokens ({', '.join(repr(c.target) for c in out)}); "
@@ -106,9 +108,24 @@ class Glossary:
         if not target.strip():
             raise ValueError("glossary target term is empty")
         ids = tuple(self._tokenizer.encode(target)[:-1])  # without EOS
+        if script_of(target) not in (None, "Latin") and " " not in target.strip():
+            ids = self._inside_text(target) or ids
         if not ids or (self._unk is not None and self._unk in ids):
             raise ValueError(f"glossary target term {target!r} cannot be written with this model's vocabulary")
         return ids
+
+
+    def _inside_text(self, target: str) -> tuple[int, ...] | None:
+        """A term of a script written without spaces (Han, kana) as its pieces inside a sentence: without
+        the word-start marker a tokenizer gives text that starts with it (which would decode as a space)."""
+        lead = self._tokenizer.encode(_LEAD)[:-1]
+        both = self._tokenizer.encode(_LEAD + target)[:-1]
+        if both[: len(lead)] != lead or len(both) == len(lead):
+            return None
+        return tuple(both[len(lead) :])
+
+
+_LEAD = "的"  # a common character after which a term is tokenized as inside a sentence
 
 
 def _occurrences(text: str, requested: dict[str, str], default: dict[str, str]) -> list[tuple[str, str, int, int]]:
@@ -116,15 +133,18 @@ def _occurrences(text: str, requested: dict[str, str], default: dict[str, str]) 
     for source in requested:
         if not source.strip():
             raise ValueError("glossary source term is empty")
+    # Case does not matter ("Deep learning" holds "deep learning"), where lower-casing keeps every offset.
+    folded = text.lower() if len(text.lower()) == len(text) else text
     found = []  # (start, -length, from_request, source, target)
     for from_request, entries in ((True, requested), (False, default)):
         for source, target in entries.items():
             if not from_request and source in requested:
                 continue  # the request's entry replaces the default one
-            start = text.find(source)
+            key = source.lower() if folded is not text else source
+            start = folded.find(key)
             while start != -1:
-                found.append((start, -len(source), from_request, source, target))
-                start = text.find(source, start + len(source))
+                found.append((start, -len(source), from_request, text[start : start + len(source)], target))
+                start = folded.find(key, start + len(source))
     kept: list[tuple[int, int, bool, str, str]] = []
     for start, minus_length, from_request, source, target in sorted(found, key=lambda f: (f[0], f[1], not f[2])):
         end = start - minus_length

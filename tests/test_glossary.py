@@ -38,6 +38,8 @@ def test_terms_are_found_longest_first_and_request_terms_win():
     found = constraints("深度學習", [("度學", "X")], default={"深度學習": "deep learning"})
     assert [c.source for c in found] == ["度學"]  # the request's term displaces the default one it overlaps
     assert constraints("深度學習", default={"深度學習": "deep learning"}, use_default=False) == ()
+    found = constraints("Deep learning works", [("deep learning", "深度學習")])  # case does not matter
+    assert [(c.source, c.source_start, c.source_end) for c in found] == [("Deep learning", 0, 13)]
     # The default glossary is skipped, not refused, under greedy search.
     assert constraints("深度學習", default={"深度學習": "deep learning"}, beam_size=1) == ()
 

@@ -10,8 +10,9 @@ Routes:
                                 body: JSON {"text": "..."} for a text model, or the raw file with its
                                 Content-Type (audio/wav, image/png, image/jpeg) for an audio or image model;
                                 answers the result as JSON (clients/web/payload.py), attention at word level;
-                                without `to`, the server chooses: the language the text is not written in; `layer` and `heads`
-                                (comma-separated) choose the attention shown, as in AttentionOptions
+                                without `to`, the server chooses (the language the text is not written
+                                in); `layer` and `heads` (comma-separated) choose the attention shown,
+                                as in AttentionOptions
 
 Errors are {"error": {"code": "INVALID_ARGUMENT", "message": "..."}} with a matching HTTP status
 (errors.py). CORS, bearer tokens and HTTPS are the gateway's own HttpOptions (access.py, http_options.py).

@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="require `Authorization: Bearer <token>` on the API, one of this file's tokens (one per line, as "
         "the server's --auth-token-file; default: no token)",
     )
-    parser.add_argument("--http-tls-cert", metavar="PEM", help="serve HTTPS with this certificate chain (with --http-tls-key)")
+    parser.add_argument("--http-tls-cert", metavar="PEM",
+                        help="serve HTTPS with this certificate chain (with --http-tls-key)")
     parser.add_argument("--http-tls-key", metavar="PEM", help="the private key of --http-tls-cert")
 
 
@@ -69,4 +70,5 @@ def from_args(args: argparse.Namespace) -> HttpOptions:
         from attnserve.server.security import read_tokens  # the server's reader: one format for both
 
         tokens = read_tokens(args.http_token_file)
-    return HttpOptions(frozenset(o.rstrip("/") for o in args.cors_origin), tokens, args.http_tls_cert, args.http_tls_key)
+    origins = frozenset(o.rstrip("/") for o in args.cors_origin)
+    return HttpOptions(origins, tokens, args.http_tls_cert, args.http_tls_key)

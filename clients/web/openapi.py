@@ -102,10 +102,15 @@ def _reachable(proto, roots) -> set[str]:
 
 def _message_schema(message, path, comments, response: bool) -> dict:
     properties, required = {}, []
+    maps = {f".{PACKAGE}.{message.name}.{n.name}": n for n in message.nested_type if n.options.map_entry}
     for j, field in enumerate(message.field):
-        schema = _field_type(field)
-        if field.label == _F.LABEL_REPEATED:
-            schema = {"type": "array", "items": schema}
+        entry = maps.get(field.type_name)
+        if entry is not None:  # a map<K, V>: a JSON object, keys as strings
+            schema = {"type": "object", "additionalProperties": _field_type(entry.field[1])}
+        elif field.label == _F.LABEL_REPEATED:
+            schema = {"type": "array", "items": _field_type(field)}
+        else:
+            schema = _field_type(field)
         description = comments.get((*path, 2, j), "")
         if "$ref" in schema:  # 3.1 allows siblings of $ref, but keep refs bare for older tools
             schema = {"allOf": [schema]}

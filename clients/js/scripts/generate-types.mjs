@@ -34,6 +34,7 @@ function typeOf(schema) {
         case "boolean":
           return t;
         case "object":
+          if (schema.additionalProperties) return `Record<string, ${typeOf(schema.additionalProperties)}>`;
           return objectType(schema, "");
         default:
           throw new Error(`no TypeScript type for ${JSON.stringify(schema)}`);
