@@ -254,3 +254,44 @@ def test_save_as_png_and_link_to_the_view(page, demo, browser, tmp_path):
     assert other.inner_text("#output") == page.inner_text("#output")
     assert other.inner_text("#reduction") == page.inner_text("#reduction")
     other.close()
+
+
+@pytest.mark.bundled
+def test_the_bundled_translators_in_a_lecture(browser, tmp_path, shots):
+    """Both bundled translators: a lecture sentence, a word pinned from the keyboard, then side by side."""
+    from attnserve.server import app
+
+    bundled = pathlib.Path(__file__).resolve().parents[1] / "models"
+    repo = tmp_path / "models"
+    repo.mkdir()
+    for name in ("translate-zh-en", "translate-zh-en-rnn"):
+        (repo / name).symlink_to(bundled / name)
+    text = "注意力機制讓模型知道該看哪裡。"
+    with gateway_thread.demo(repo) as (url, client):
+        page = browser.new_page(viewport={"width": 1280, "height": 720})
+        page.set_default_timeout(MS)
+        page.goto(url)
+        page.wait_for_selector("body[data-ready=true]")
+        assert page.input_value("#model") == "translate-zh-en"  # the Transformer, the lecture's main model
+        page.fill("#text", text)
+        page.click("#translate")
+        page.wait_for_selector("#output span")
+        expected = client.generate(translation_request(text, "", True, "words", model="translate-zh-en"))
+        assert page.inner_text("#output").split() == expected.attention.row_labels
+        page.focus('#output span[data-row="0"]')
+        page.keyboard.press("ArrowRight")
+        np.testing.assert_allclose(weights(page, "#source span"), expected.attention.weights[1], atol=1e-4)
+        page.screenshot(path=str(shots / "bundled-translator.png"), full_page=True)
+        # The model's glossary: the lecture's term is written as the lecturer wants it.
+        assert "attention mechanism" not in page.inner_text("#output")
+        page.check("#glossary")
+        page.click("#translate")
+        page.wait_for_function("() => document.getElementById('status').textContent.includes('glossary')")
+        assert page.inner_text("#status").endswith(", 1 of 1 glossary terms placed")
+        assert "attention mechanism" in " ".join(page.inner_text("#output").split())
+        page.screenshot(path=str(shots / "bundled-glossary.png"), full_page=True)
+        page.click("#compare")
+        page.wait_for_selector('#compare-view .panel[data-model="translate-zh-en-rnn"] .panel-output')
+        page.locator("#compare-view").scroll_into_view_if_needed()
+        page.screenshot(path=str(shots / "bundled-compare.png"), full_page=True)
+        page.close()

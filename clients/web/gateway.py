@@ -12,7 +12,7 @@ Routes:
                                 answers the result as JSON (clients/web/payload.py), attention at word level;
                                 without `to`, the server chooses (the language the text is not written
                                 in); `layer` and `heads` (comma-separated) choose the attention shown,
-                                as in AttentionOptions
+                                as in AttentionOptions; `glossary=1` enforces the model's default glossary
 
 Errors are {"error": {"code": "INVALID_ARGUMENT", "message": "..."}} with a matching HTTP status
 (errors.py). CORS, bearer tokens and HTTPS are the gateway's own HttpOptions (access.py, http_options.py).
@@ -20,6 +20,7 @@ Errors are {"error": {"code": "INVALID_ARGUMENT", "message": "..."}} with a matc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pathlib
@@ -117,6 +118,9 @@ async def _generate(request: web.Request) -> web.Response:
     else:
         return _error("INVALID_ARGUMENT", f"cannot send {request.content_type or 'a body without a type'}: "
                       "send JSON text, audio/wav or an image")
+    if request.query.get("glossary") == "1":  # the model's default glossary (DecodingOptions.use_default_glossary)
+        decoding = dataclasses.replace(generation_request.decoding, use_default_glossary=True)
+        generation_request = dataclasses.replace(generation_request, decoding=decoding)
     result = await client.generate(generation_request)
     return web.json_response(payload.result_json(result))
 

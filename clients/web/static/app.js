@@ -71,7 +71,10 @@ function statusLine(result) {
   const t = result.timings;
   const words = result.attention ? result.attention.row_labels.length : result.tokens.length;
   const into = selected().input_kind === "text" ? ` into ${result.target_language}` : "";
-  return `${result.model}: ${words} words${into} in ${t.total_seconds.toFixed(2)} s, ${FINISH[result.finish_reason] ?? result.finish_reason}`;
+  const placed = result.glossary.filter((g) => g.output_start >= 0).length;
+  const terms = result.glossary.length ? `, ${placed} of ${result.glossary.length} glossary terms placed` : "";
+  const finish = FINISH[result.finish_reason] ?? result.finish_reason;
+  return `${result.model}: ${words} words${into} in ${t.total_seconds.toFixed(2)} s, ${finish}${terms}`;
 }
 
 function selected() {
@@ -89,6 +92,8 @@ function chooseModel() {
   $("layer").replaceChildren(new Option("the model's choice", ""), ...layers);
   $("heads").replaceChildren(...[...Array(model.attention_heads).keys()].map(headBox));
   $("compare").hidden = translators().length < 2;
+  $("glossary-choice").hidden = !model.glossary_terms;
+  if (!model.glossary_terms) $("glossary").checked = false;
   fillSamples(model);
 }
 
@@ -134,7 +139,8 @@ function rerun() {
 
 function translate(event) {
   event?.preventDefault();
-  run({ model: $("model").value, to: $("to").value }, JSON.stringify({ text: $("text").value }), "application/json");
+  const query = { model: $("model").value, to: $("to").value, ...($("glossary").checked && { glossary: "1" }) };
+  run(query, JSON.stringify({ text: $("text").value }), "application/json");
 }
 
 async function compare() {
@@ -142,7 +148,7 @@ async function compare() {
   $("status").textContent = "comparing…";
   const body = JSON.stringify({ text: $("text").value });
   const results = await Promise.all(translators().map(async (m) => {
-    const query = new URLSearchParams({ model: m.name, to: $("to").value });
+    const query = new URLSearchParams({ model: m.name, to: $("to").value, ...($("glossary").checked && { glossary: "1" }) });
     try {
       return { model: m.name, result: await api(`/api/generate?${query}`, {
         method: "POST", body, headers: { "Content-Type": "application/json" },
@@ -201,6 +207,7 @@ function sendImage(file) {
 function permalink() {
   const state = { model: $("model").value, ...attentionQuery() };
   if (selected().input_kind === "text") Object.assign(state, { text: $("text").value, to: $("to").value });
+  if ($("glossary").checked) state.glossary = "1";
   const url = `${location.origin}${location.pathname}#${new URLSearchParams(state)}`;
   history.replaceState(null, "", url);
   $("link").value = url;
@@ -222,6 +229,7 @@ function restore() {
   if (state.has("text") && selected().input_kind === "text") {
     $("text").value = state.get("text");
     if (state.has("to")) $("to").value = state.get("to");
+    $("glossary").checked = state.get("glossary") === "1" && !$("glossary-choice").hidden;
     translate();
   }
   return true;
