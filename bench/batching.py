@@ -36,7 +36,8 @@ import numpy as np
 from attnserve.clients.client import AsyncClient
 from attnserve.server.app import BackgroundServer
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import ModelEngine, load_engines
+from attnserve.server.engine import ModelEngine
+from attnserve.server.registry import load_engines
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,

@@ -45,8 +45,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import sentences  # bench/, beside this script
 from attnserve.clients.client import AsyncClient
-from attnserve.server.engine import load_engine
 from attnserve.server.generation import GenerationRequest, GenerationResult
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 
 STARTUP_SECONDS = 120

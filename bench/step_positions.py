@@ -21,9 +21,9 @@ import time
 
 import numpy as np
 
-from attnserve.server.decoding import Batch
-from attnserve.server.engine import load_engine
+from attnserve.server.batch import Batch
 from attnserve.server.generation import GenerationRequest
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 
 SENTENCE = "The file could not be opened because it is in use by another program."

@@ -61,7 +61,7 @@ def translate_served(
 def open_engine(repository: pathlib.Path, name: str, variant: str | None = None):
     """One served model of a repository, as `attnserve serve [--variant]` runs it (only that model is loaded)."""
     from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.engine import load_engine
+    from attnserve.server.registry import load_engine
     from attnserve.server.repository import find_models
     from attnserve.server.runtime import RuntimeOptions
 

@@ -308,9 +308,9 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         engines = load_process_engines(options.models, runtime, batching, broken, options.only_models,
                                        (options.log_level, options.log_format))
     else:
-        from attnserve.server import engine
+        from attnserve.server import registry as engines_registry
 
-        registry = engine.load_engines(options.models, runtime, batching, broken, options.only_models)
+        registry = engines_registry.load_engines(options.models, runtime, batching, broken, options.only_models)
         engines = {name: registry.get(name) for name in registry.names()}
     try:
         for name in list(engines):

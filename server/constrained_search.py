@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnserve.server.decoding import BeamSearch, Selection, StepEvents
+from attnserve.server.search import BeamSearch, Selection, StepEvents
 from attnserve.server.log_softmax import log_softmax
 
 

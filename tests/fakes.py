@@ -250,7 +250,7 @@ def held(engine, gate: generation.GenerationRequest):
 def generate_together(repo, name: str, mode: str, requests) -> list:
     """Results of `requests` decoded as one batch by a fresh engine for model `name` of `repo` (batching
     `mode`), asserting that they did share one batch."""
-    from attnserve.server.engine import load_engine
+    from attnserve.server.registry import load_engine
     from attnserve.server.repository import find_models
     from attnserve.server.runtime import RuntimeOptions
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engines
+from attnserve.server.registry import load_engines
 from attnserve.server.generation import (
     GREEDY,
     AttentionGranularity,

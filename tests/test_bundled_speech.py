@@ -14,8 +14,8 @@ import pytest
 
 from attnserve.export.speech.scoring import error_rate
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine
 from attnserve.server.generation import AudioInput, DecodingOptions, GenerationRequest
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 

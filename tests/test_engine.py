@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine, load_engines
+from attnserve.server.registry import load_engine, load_engines
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
@@ -76,7 +76,7 @@ def test_info_and_registry(registry, engine):
     assert (info.name, info.version, info.task) == (MODEL, 1, "translation")
     assert info.target_languages == ["en", "zh-TW"] and info.max_new_tokens == 40 and info.max_source_tokens == 48
     assert (info.attention_layers, info.attention_heads) == (2, 4)
-    assert registry.names() == [MODEL] and MODEL in registry and registry.infos() == [info]
+    assert registry.names() == [MODEL] and MODEL in registry and registry.get(MODEL).info == info
     with pytest.raises(ValueError, match="unknown model 'nope'; available: tiny-translate"):
         registry.get("nope")
 

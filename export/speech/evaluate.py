@@ -38,7 +38,7 @@ def voice_group(row: dict) -> str:
 def open_engine(model_dir: pathlib.Path, max_batch: int = 16):
     """The model of a version folder (models/<name>/<version>), loaded as `attnserve serve` loads it."""
     from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.engine import load_engine
+    from attnserve.server.registry import load_engine
     from attnserve.server.repository import find_models
 
     name = model_dir.parent.name
