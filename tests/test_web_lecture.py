@@ -295,3 +295,31 @@ def test_the_bundled_translators_in_a_lecture(browser, tmp_path, shots):
         page.locator("#compare-view").scroll_into_view_if_needed()
         page.screenshot(path=str(shots / "bundled-compare.png"), full_page=True)
         page.close()
+
+
+def test_cors_from_another_origin_in_the_browser(browser, demo):
+    """A page of one origin (http://localhost:P, a gateway's own page) calls another gateway's API
+    (http://127.0.0.1:Q) with a JSON POST: Chromium's real preflight passes when the origin is listed and
+    the call is blocked when it is not."""
+    from attnserve.clients.web.http_options import HttpOptions
+    from gateway_thread import BackgroundGateway
+
+    _, client = demo
+    with BackgroundGateway(client.address) as home:
+        origin = home.url.replace("127.0.0.1", "localhost")
+        with BackgroundGateway(client.address, HttpOptions(frozenset({origin}))) as allowing, \
+                BackgroundGateway(client.address, HttpOptions(frozenset({"https://elsewhere.example"}))) as refusing:
+            page = browser.new_page()
+            page.set_default_timeout(MS)
+            page.goto(origin + "/")
+            call = """async (url) => {
+                try {
+                    const r = await fetch(url + '/v1/generate', {method: 'POST', headers: {'Content-Type':
+                        'application/json'}, body: JSON.stringify({model: '%s', text: {text: '%s'}})});
+                    return [r.status, (await r.json()).text];
+                } catch (e) { return ['blocked', String(e)]; }
+            }""" % (TINY_MODEL_NAME, TEXT)
+            status, text = page.evaluate(call, allowing.url)
+            assert status == 200 and text == client.generate(translation_request(TEXT, model=TINY_MODEL_NAME)).text
+            assert page.evaluate(call, refusing.url)[0] == "blocked"
+            page.close()
