@@ -20,7 +20,7 @@ import sacrebleu
 
 from attnserve.server import glossary
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engines
+from attnserve.server.registry import load_engines
 from attnserve.server.generation import DecodingOptions, GenerationRequest
 from attnserve.server.runtime import RuntimeOptions
 
