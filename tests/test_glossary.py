@@ -140,3 +140,21 @@ def test_a_request_without_terms_beside_one_with_them_decodes_as_alone(tiny_serv
     assert beside == alone
     term = engine.tokenizer.encode("power")[:-1]
     assert any(with_terms[i : i + len(term)] == term for i in range(len(with_terms)))
+
+
+def test_the_page_gets_the_word_rows_of_each_term():
+    pytest.importorskip("aiohttp", reason="the web gateway needs the `web` extra (aiohttp)")
+    from attnserve.clients.web import payload
+    from attnserve.server.generation import AttentionMatrix, FinishReason, GenerationResult, GlossaryPlacement, Timings, Token
+
+    pieces = ["▁We", "▁att", "ention", "▁mechanism", "▁today", "."]
+    labels = ["We", "attention", "mechanism", "today."]
+    result = GenerationResult(
+        "m", "We attention mechanism today.", "en", [Token(p, i, 0.0) for i, p in enumerate(pieces)], [],
+        FinishReason.EOS, AttentionMatrix([[1.0]] * 4, labels, ["x"], 0, ""), Timings(0, 0, 0, 0, 0, 1),
+        glossary=[GlossaryPlacement("注意力機制", "attention mechanism", 0, 5, 1, 4),
+                  GlossaryPlacement("今天", "today", 5, 7, -1, -1)],
+    )
+    assert payload.result_json(result)["glossary_rows"] == [[1, 2], []]
+    words = dataclasses.replace(result, attention=dataclasses.replace(result.attention, row_labels=["?"] * 4))
+    assert payload.result_json(words)["glossary_rows"] == [[], []]  # labels that are not joins of the pieces

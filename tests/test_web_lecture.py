@@ -289,6 +289,9 @@ def test_the_bundled_translators_in_a_lecture(browser, tmp_path, shots):
         page.wait_for_function("() => document.getElementById('status').textContent.includes('glossary')")
         assert page.inner_text("#status").endswith(", 1 of 1 glossary terms placed")
         assert "attention mechanism" in " ".join(page.inner_text("#output").split())
+        # The words that spell the term are outlined as a glossary term, and only they.
+        terms = page.eval_on_selector_all("#output span.term", "spans => spans.map(s => s.textContent)")
+        assert terms == ["attention", "mechanism"]
         page.screenshot(path=str(shots / "bundled-glossary.png"), full_page=True)
         page.click("#compare")
         page.wait_for_selector('#compare-view .panel[data-model="translate-zh-en-rnn"] .panel-output')

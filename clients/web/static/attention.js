@@ -40,6 +40,9 @@ export function show(result, image) {
   legend($("legend"));
   const end = kind === "time" ? result.columns.spans.at(-1)[1] : 0;
   view = { attention, columns, words: result.words, end, pinned: null };
+  for (const rows of result.glossary_rows || []) {
+    for (const r of rows) $("output").children[r]?.classList.add("term");
+  }
   for (const [i, element] of [...$("output").children].entries()) {
     element.tabIndex = i === 0 ? 0 : -1;
     element.setAttribute("role", "option");
