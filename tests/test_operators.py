@@ -100,3 +100,14 @@ def test_serve_logs_json_with_a_start_report_and_request_ids(tiny_model_repo, tm
     assert any(m.startswith("limits: max_queue_size 256") for m in messages)
     ids = [e["request_id"] for e in entries if e["logger"] == "attnserve.access"]
     assert len(ids) == 2 and ids[0].startswith("gen-") and len(ids[0]) == 20 and ids[1] == "mine"
+
+
+def test_web_checks_its_own_listener_flags(tmp_path):
+    pytest.importorskip("aiohttp", reason="the web gateway needs the `web` extra (aiohttp)")
+    with pytest.raises(SystemExit, match="--http-tls-cert and --http-tls-key go together"):
+        cli.main(["web", "--http-tls-cert", str(tmp_path / "cert.pem")])
+    (tmp_path / "empty").write_text("# no token\n")
+    with pytest.raises(SystemExit, match="holds no token"):
+        cli.main(["web", "--http-token-file", str(tmp_path / "empty")])
+    with pytest.raises(SystemExit, match="--http-tls-cert .*cert.pem"):
+        cli.main(["web", "--http-tls-cert", str(tmp_path / "cert.pem"), "--http-tls-key", str(tmp_path / "k.pem")])
