@@ -209,3 +209,20 @@ def test_tokens_and_https(tiny_model_repo, certificate):  # noqa: F811
         assert call(url + "/v1/models", headers=preflight, method="OPTIONS", context=trust)[0] == 204
         with pytest.raises(OSError):  # plain HTTP to the TLS port: refused or cut off
             call(url.replace("https://", "http://") + "/v1/openapi.json")
+
+
+def test_an_image_as_base64(tmp_path_factory):
+    import tiny_image
+    from attnserve.clients.client import image_request
+
+    repo = tiny_image.export_repo(tiny_image.captioner(seed=1), tmp_path_factory.mktemp("image_repo"))
+    picture = tiny_image.encode(tiny_image.pixels(40, 56, seed=2))
+    with gateway_thread.demo(repo) as (url, client):
+        body = {"model": tiny_image.NAME, "image": {"data": base64.b64encode(picture).decode()},
+                "attention": {"mode": "ATTENTION_MODE_AGGREGATED"}}
+        status, _, answer = call(url + "/v1/generate", body)
+        expected = client.generate(image_request(picture, model=tiny_image.NAME, attention=True, granularity="pieces"))
+    got = valid(json.loads(answer), "GenerateResponse")
+    want = wire(expected)
+    assert status == 200 and got["text"] == want["text"] and got["sourceTokens"] == want["sourceTokens"]
+    assert got["attention"] == want["attention"]
