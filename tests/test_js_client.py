@@ -2,7 +2,7 @@
 
 Runs `npm ci && npm test` there: the build generates the client's types from clients/web/openapi.json and
 compiles with tsc, then node:test calls the gateway and compares with what the Python gRPC client got for
-the same requests (written to a JSON file the test reads). Skipped without node and npm (Node 20 or later).
+the same requests (written to a JSON file the test reads). The same build then runs in headless Chromium. Skipped without node and npm (Node 20 or later).
 `npm ci` installs the pinned devDependencies (typescript, @types/node) from the npm registry, or from the
 npm cache when offline (`npm ci --offline` after one online run).
 """
@@ -66,6 +66,37 @@ def test_the_node_client_against_a_live_gateway(tiny_model_repo, tiny_speech_rep
             pytest.skip("npm ci could not reach the registry (run it once online, then it uses npm's cache)")
         assert install.returncode == 0, install.stderr
         run = subprocess.run([NPM, "test"], cwd=PACKAGE, env=env, capture_output=True, text=True, timeout=300)
-    report = run.stdout + run.stderr
-    assert run.returncode == 0, report
-    assert "# fail 0" in report and "# skipped 0" in report and "# pass 6" in report, report
+        report = run.stdout + run.stderr
+        assert run.returncode == 0, report
+        assert "# fail 0" in report and "# skipped 0" in report and "# pass 6" in report, report
+        in_browser(url, json.loads(expected.read_text(encoding="utf-8")))
+
+
+def in_browser(url: str, expected: dict) -> None:
+    """The same build in headless Chromium: imported as a module by a page of the gateway, it translates and
+    streams as under Node (skipped without Playwright or Chromium)."""
+    try:
+        from playwright.sync_api import sync_playwright
+        from test_web_browser import CHROMIUM
+    except ImportError:
+        return
+    if CHROMIUM is None:
+        return
+    module = (PACKAGE / "dist" / "src" / "index.js").read_text(encoding="utf-8")
+    script = """async ([token, model, text]) => {
+        const { AttnServeClient, translationRequest } = await import('/attnserve-client.js');
+        const client = new AttnServeClient(location.origin, { token });
+        const result = await client.translate(text, { model, to: 'en' });
+        const events = [];
+        for await (const event of client.stream(translationRequest(text, { model, to: 'en' }))) events.push(event);
+        return [result.text, events.at(-1).response.text, events.length - 1, (await client.listModels()).length];
+    }"""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        page = browser.new_page()
+        page.route("**/attnserve-client.js", lambda route: route.fulfill(body=module, content_type="text/javascript"))
+        page.goto(url + "/")
+        text, streamed, tokens, models = page.evaluate(script, [TOKEN, expected["text"]["model"], expected["text"]["text"]])
+        browser.close()
+    assert text == streamed == expected["text"]["response"]["text"]
+    assert tokens >= 1 and models == len(expected["models"])
