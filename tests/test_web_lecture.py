@@ -326,3 +326,14 @@ def test_cors_from_another_origin_in_the_browser(browser, demo):
             assert status == 200 and text == client.generate(translation_request(TEXT, model=TINY_MODEL_NAME)).text
             assert page.evaluate(call, refusing.url)[0] == "blocked"
             page.close()
+
+
+def test_opens_on_the_translator_though_another_model_sorts_first(browser, tiny_model_repo, tiny_speech_repo):
+    with gateway_thread.demo(tiny_speech_repo, tiny_model_repo) as (url, client):
+        assert [m.name for m in client.list_models()][0] == TINY_SPEECH_NAME
+        page = browser.new_page()
+        page.set_default_timeout(MS)
+        page.goto(url)
+        page.wait_for_selector("body[data-ready=true]")
+        assert page.input_value("#model") == TINY_MODEL_NAME and page.is_visible("#text-input")
+        page.close()
