@@ -69,6 +69,8 @@ class ModelEngine:
         loop = self._continuous.run if self._continuous is not None else None
         self._batcher = Batcher(WindowedBatches(handle, results), batching, name=self.manifest.name, loop=loop)
         self._reranker = Reranker(self)
+        # The server's callback for an engine that ends on its own (service.Engine); this one never does.
+        self.on_exit: Callable[[str], None] | None = None
 
     @property
     def providers(self) -> list[str]:
