@@ -24,8 +24,7 @@ import time
 from attnserve.export.train import read_pairs
 from attnserve.server import batch, kv_cache, runtime, slots
 from attnserve.server.generation import GREEDY, GenerationRequest
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
+from attnserve.server.registry import open_model
 
 TIMED = [(batch.Batch, "build"), (batch.Batch, "step"), (batch.Batch, "select"), (batch.Batch, "merge"),
          (runtime.Runtime, "encode"), (runtime.Runtime, "decode_step"), (kv_cache.AppendCache, "gather"),
@@ -67,7 +66,7 @@ def main() -> None:
     seconds, calls = collections.Counter(), collections.Counter()
     for cls, name in TIMED:
         timed(seconds, calls, cls, name)
-    engine = load_engine(find_models(args.models, only=[args.model])[args.model])
+    engine = open_model(args.models, args.model)
     for request in requests[:8]:
         engine.generate(request, 60)  # warm-up
     seconds.clear()

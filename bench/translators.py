@@ -103,7 +103,7 @@ def main() -> None:
 
     names = args.models.split(",")
     found = find_models(args.repository)
-    batching = BatchingOptions(max_batch_size=32, window_seconds=0.005, max_queue_size=1024)
+    batching = BatchingOptions(max_batch_size=32, window_ms=5.0, max_queue_size=1024)
     engines = {n: load_engine(found[n], RuntimeOptions(intra_op_threads=args.threads), batching) for n in names}
     sentences = read_sentences(args.split, args.sentences)
     try:

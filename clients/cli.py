@@ -26,7 +26,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from attnserve.clients import comparison, heatmap, languages, timeline
+from attnserve.clients import comparison, heatmap, languages, timeline, transcription
 from attnserve.clients.client import (
     DEFAULT_ADDRESS,
     DEFAULT_MODEL,
@@ -37,7 +37,16 @@ from attnserve.clients.client import (
     image_request,
     translation_request,
 )
-from attnserve.server.generation import GenerationRequest, GenerationResult, InputKind, ModelInfo, SamplingOptions
+from attnserve.server.generation import (
+    AttentionOptions,
+    AttentionReduction,
+    DecodingOptions,
+    GenerationRequest,
+    GenerationResult,
+    InputKind,
+    ModelInfo,
+    SamplingOptions,
+)
 
 
 _CLIENT_DESCRIPTION = (
@@ -88,29 +97,62 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(prog="attnserve", description=__doc__.splitlines()[0])
     else:
         parser = argparse.ArgumentParser(prog="attnserve-client", description=_CLIENT_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=_version(server_commands))
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-
     if server_commands:
-        serve = commands.add_parser("serve", help="serve a model repository over gRPC")
-        # The flags and their defaults live beside the server's options (server/serve_options.py).
-        from attnserve.server import serve_options
+        _add_serve(commands)
+    _add_translate(commands)
+    _add_compare(commands)
+    _add_transcribe(commands)
+    _add_caption(commands)
+    _add_status(commands)
+    if server_commands:
+        _add_web(commands)
+        _add_import(commands)
+    return parser
 
-        serve_options.add_arguments(serve)
-        serve.set_defaults(run=_serve)
-        imports = commands.add_parser("import", help="turn a transformers checkpoint folder into a served model")
-        # Its flags import nothing heavy; the importer itself (torch, transformers) loads only when it runs.
-        from attnserve.export.importers import command as import_command
 
-        import_command.add_arguments(imports)
-        imports.set_defaults(run=import_command.run)
+def _add_import(commands) -> None:
+    imports = commands.add_parser("import", help="turn a transformers checkpoint folder into a served model")
+    # Its flags import nothing heavy; the importer itself (torch, transformers) loads only when it runs.
+    from attnserve.export.importers import command as import_command
 
+    import_command.add_arguments(imports)
+    imports.set_defaults(run=import_command.run)
+
+
+# Every option the CLI leaves unset (None) takes the request contract's default (server/generation.py); the
+# help texts read them from there.
+_DECODING, _ATTENTION = DecodingOptions(), AttentionOptions()
+_TO_HELP = ("target language (default: asked from the server: the model's only target language, else the one "
+            "the text is not written in)")
+_BEAM_HELP = ("1 = greedy search, more = beam search, up to the server's limit (see `attnserve models`); "
+              "default: the model's")
+
+
+def _add_serve(commands) -> None:
+    serve = commands.add_parser("serve", help="serve a model repository over gRPC")
+    # The flags and their defaults live beside the server's options (server/serve_options.py).
+    from attnserve.server import serve_options
+
+    serve_options.add_arguments(serve)
+    serve.set_defaults(run=_serve)
+
+
+def _add_granularity(parser: argparse.ArgumentParser) -> None:
+    """--words (the CLI's default: a terminal heatmap reads best by words) or --pieces (the contract's)."""
+    grouping = parser.add_mutually_exclusive_group()
+    grouping.add_argument("--words", dest="granularity", action="store_const", const="words",
+                          help="attention between whole words, pieces merged (default)")
+    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces",
+                          help="attention between the tokenizer's subword pieces")
+    parser.set_defaults(granularity="words")
+
+
+def _add_translate(commands) -> None:
     translate = commands.add_parser("translate", help="translate text and optionally show the attention")
-    translate.add_argument("text")
-    translate_to = translate.add_argument(
-        "--to",
-        help="target language (default: asked from the server: the model's only target language, else the one "
-        "the text is not written in)",
-    )
+    translate.add_argument("text", help="the text to translate")
+    translate.add_argument("--to", help=_TO_HELP)
     translate.add_argument("--from", dest="source", default="",
                            help="source language, for models that read it (NLLB, M2M100: eng_Latn, zho_Hant, ...; "
                            "default: the model's first source language)")
@@ -118,9 +160,7 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
         help="also draw the attention heatmap: in the terminal, or as a PNG (matplotlib) given a path",
     )
-    grouping = translate.add_mutually_exclusive_group()
-    grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
-    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
+    _add_granularity(translate)
     translate.add_argument(
         "--layer", type=int, help="decoder layer; negative counts from the last (default: the model's choice)"
     )
@@ -129,21 +169,20 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         help="heads of that layer to combine, e.g. 0,2 (negative counts from the last; default: all)",
     )
     translate.add_argument(
-        "--head-reduction", choices=["mean", "max"], default="mean",
-        help="combine the heads by their mean (default: rows sum to 1) or maximum (what any one head looked at)",
+        "--head-reduction", choices=[r.value for r in AttentionReduction],
+        help=f"combine the heads by their mean (rows sum to 1) or maximum (what any one head looked at); "
+             f"default: {_ATTENTION.reduction.value}",
     )
-    translate.add_argument("--max-tokens", type=int, default=0, help="0 = the model's limit")
+    translate.add_argument("--max-tokens", type=int, help="most new tokens (default: the model's limit)")
+    translate.add_argument("--beam-size", type=int, help=f"{_BEAM_HELP}, with --nbest N at least N")
     translate.add_argument(
-        "--beam-size", type=int, default=0,
-        help="1 = greedy search, up to 16; default: the model's (see `attnserve models`), with --nbest N at least N",
+        "--nbest", type=int, metavar="N",
+        help=f"also print the N best translations with their scores (default: {_DECODING.num_return_sequences})",
     )
     translate.add_argument(
-        "--nbest", type=int, default=1, metavar="N", help="also print the N best translations with their scores"
-    )
-    translate.add_argument(
-        "--reverse-weight", type=float, default=0.0, metavar="W",
-        help="rerank the beam's candidates by how well each translates back into the source (0.1 suits "
-             "translate-zh-en; about twice the compute; not with --stream); default 0: off",
+        "--reverse-weight", type=float, metavar="W",
+        help=f"rerank the beam's candidates by how well each translates back into the source (0.1 suits "
+             f"translate-zh-en; about twice the compute; not with --stream); default {_DECODING.reverse_weight}: off",
     )
     sampling = translate.add_argument_group("sampling (with --sample)")
     sampling.add_argument("--sample", action="store_true", help="draw each token at random instead of searching")
@@ -151,51 +190,62 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     sampling.add_argument("--top-k", type=int, help="sample among the K most likely tokens (default: all)")
     sampling.add_argument("--top-p", type=float, help="sample among the most likely tokens up to P (default 1)")
     sampling.add_argument("--seed", type=int, help="the same seed gives the same output (default: random)")
-    translate.add_argument("--model", default=DEFAULT_MODEL, help="(default: %(default)s)")
+    translate.add_argument("--model", default=DEFAULT_MODEL, help="a served text model (default: %(default)s)")
     translate.add_argument("--json", action="store_true", help="print the whole response as JSON")
     translate.add_argument("--stream", action="store_true", help="print the output as it is decoded")
     _add_address(translate)
-    translate.set_defaults(run=_translate, granularity="words")
+    translate.set_defaults(run=_translate)
 
+
+def _add_compare(commands) -> None:
     compare = commands.add_parser(
         "compare", help="translate with several models and show their attention heatmaps side by side"
     )
-    compare.add_argument("text")
-    compare.add_argument("--to", help=translate_to.help)
+    compare.add_argument("text", help="the text every model translates")
+    compare.add_argument("--to", help=_TO_HELP)
     compare.add_argument(
         "--models", help="comma-separated model names, two or more (default: every served translation model)"
     )
-    grouping = compare.add_mutually_exclusive_group()
-    grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
-    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
+    _add_granularity(compare)
     compare.add_argument("--json", action="store_true", help="print every model's whole response, keyed by model")
     _add_address(compare)
-    compare.set_defaults(run=_compare, granularity="words")
+    compare.set_defaults(run=_compare)
 
-    transcribe = commands.add_parser("transcribe", help="transcribe a WAV file, with each word's time span")
-    transcribe.add_argument("file", help="a WAV file (16/32-bit PCM or float, any common rate); - reads stdin")
+
+def _add_transcribe(commands) -> None:
+    transcribe = commands.add_parser("transcribe", help="transcribe an audio file, with each word's time span")
+    transcribe.add_argument("file", help="an audio file: WAV (16/32-bit PCM or float), FLAC, Ogg, MP3 or M4A (as the "
+                            "server reads: `attnserve models`), any common rate, up to an hour; - reads stdin")
+    transcribe.add_argument("--srt", metavar="OUT.srt", help="write subtitles (SubRip) of the transcript")
+    transcribe.add_argument("--vtt", metavar="OUT.vtt", help="write subtitles (WebVTT) of the transcript")
+    transcribe.add_argument("--progress", action="store_true",
+                            help="show the progress bar of a long recording even when stderr is not a terminal")
     transcribe.add_argument(
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
         help="show each word's time span and its attention over time: in the terminal, or as a PNG given a path",
     )
-    transcribe.add_argument("--beam-size", type=int, default=0,
-                            help="1 = greedy search, up to 16; default: the model's (see `attnserve models`)")
-    transcribe.add_argument("--model", help="a served audio model (default: the first one the server lists)")
-    transcribe.add_argument("--json", action="store_true", help="print the whole response as JSON")
-    _add_address(transcribe)
+    _add_media_options(transcribe, "audio")
     transcribe.set_defaults(run=_transcribe)
 
+
+def _add_caption(commands) -> None:
     caption = commands.add_parser("caption", help="caption a PNG or JPEG image, with each word's attention")
     caption.add_argument("file", help="a PNG or JPEG file; - reads stdin")
     caption.add_argument("--attention", type=_png_path, metavar="OUT.png",
                          help="write the image with each word's attention heatmap, one panel per word")
-    caption.add_argument("--beam-size", type=int, default=0,
-                         help="1 = greedy search, up to 16; default: the model's (see `attnserve models`)")
-    caption.add_argument("--model", help="a served image model (default: the first one the server lists)")
-    caption.add_argument("--json", action="store_true", help="print the whole response as JSON")
-    _add_address(caption)
+    _add_media_options(caption, "image")
     caption.set_defaults(run=_caption)
 
+
+def _add_media_options(parser: argparse.ArgumentParser, kind: str) -> None:
+    """What every command for a media model shares: the search, the model, JSON output, the server."""
+    parser.add_argument("--beam-size", type=int, help=_BEAM_HELP)
+    parser.add_argument("--model", help=f"a served {kind} model (default: the first one the server lists)")
+    parser.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    _add_address(parser)
+
+
+def _add_status(commands) -> None:
     models = commands.add_parser("models", help="list the served models")
     _add_address(models)
     models.set_defaults(run=_models)
@@ -205,13 +255,27 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     _add_address(health)
     health.set_defaults(run=_health)
 
-    if server_commands:
-        web = commands.add_parser("web", help="serve the browser demo, an HTTP gateway to the server at --address")
-        web.add_argument("--host", default="127.0.0.1", help="interface of the page (default: %(default)s)")
-        web.add_argument("--port", type=int, default=8080, help="HTTP port of the page (default: %(default)s)")
-        _add_address(web)
-        web.set_defaults(run=_web)
-    return parser
+
+def _add_web(commands) -> None:
+    web = commands.add_parser("web", help="serve the browser demo, an HTTP gateway to the server at --address")
+    web.add_argument("--host", default="127.0.0.1", help="interface of the page (default: %(default)s)")
+    web.add_argument("--port", type=int, default=8080, help="HTTP port of the page (default: %(default)s)")
+    from attnserve.clients.web import http_options  # no aiohttp: the flags show without the `web` extra
+
+    http_options.add_arguments(web)
+    _add_address(web)
+    web.set_defaults(run=_web)
+
+
+def _version(server_commands: bool) -> str:
+    """"attnserve 0.1.0": the installed distribution's version (the client's for `attnserve-client`)."""
+    from importlib import metadata
+
+    name = "attnserve" if server_commands else "attnserve-client"
+    try:
+        return f"{name} {metadata.version(name)}"
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return f"{name} (not installed)"
 
 
 def _add_address(parser: argparse.ArgumentParser) -> None:
@@ -279,7 +343,7 @@ def _translate(args: argparse.Namespace) -> None:
             granularity=args.granularity,
             layer=args.layer,
             max_new_tokens=args.max_tokens,
-            beam_size=args.beam_size,  # 0: the model's default (the server raises it to --nbest)
+            beam_size=args.beam_size,  # None: the model's default (the server raises it to --nbest)
             model=args.model,
             num_return_sequences=args.nbest,
             sampling=sampling,
@@ -327,7 +391,12 @@ def _transcribe(args: argparse.Namespace) -> None:
         model = args.model or _first_audio_model(client)
         request = audio_request(data, model=model, attention=args.attention is not None, granularity="words",
                                 beam_size=args.beam_size)
-        result = client.generate(request)
+        # The stream shows a long recording's progress, segment by segment.
+        show = args.progress or sys.stderr.isatty()
+        result = transcription.transcribe(client, request, sys.stderr if show else None)
+    for path, kind in ((args.srt, "srt"), (args.vtt, "vtt")):
+        if path:
+            transcription.write_subtitles(result, path, kind)
     if args.attention:
         _drawing("plot").save_timeline(result.words, result.attention, args.attention)
     if args.json:
@@ -507,10 +576,18 @@ def _web(args: argparse.Namespace) -> None:
         from attnserve.clients.web import gateway
     except ImportError as exc:  # aiohttp comes with the `web` extra
         raise SystemExit(f"error: the web demo needs the web extra (pip install 'attnserve[web]'): {exc}") from None
-    print(f"attnserve web: http://{args.host}:{args.port}/ (gRPC server: {args.address})", flush=True)
+    from attnserve.clients.web import http_options
+
+    try:
+        http = http_options.from_args(args)
+        http.ssl_context()  # a wrong certificate stops here, before anything listens
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    scheme = "https" if http.tls_cert else "http"
+    print(f"attnserve web: {scheme}://{args.host}:{args.port}/ (gRPC server: {args.address})", flush=True)
     _connect(args).close()  # checks the flags here; the gateway makes its own asyncio client from them
     try:
-        gateway.run(args.address, args.host, args.port, **_connection(args))
+        gateway.run(args.address, args.host, args.port, http, **_connection(args))
     except OSError as exc:  # the port is in use, or the host is not an interface of this machine
         raise SystemExit(f"error: {exc}") from None
 
@@ -519,9 +596,13 @@ def _input_line(info: ModelInfo) -> str:
     """What the model reads, with the limits a request must respect."""
     if info.audio is not None:
         a = info.audio
+        files = ", ".join(f.upper() for f in a.formats) or "WAV"
+        # A server that cuts long recordings at pauses says how long they may be.
+        long_form = (f" (longer, cut at pauses: up to {a.long_form_max_seconds:g} s and {a.long_form_max_bytes} "
+                     "bytes)") if a.long_form_max_seconds else ""
         return (
-            f"audio (WAV or samples, resampled to {a.sample_rate_hz} Hz), at most {a.max_seconds:g} s and "
-            f"{a.max_bytes} bytes; {a.seconds_per_column:g} s per attention column"
+            f"audio ({files} or samples, resampled to {a.sample_rate_hz} Hz), at most {a.max_seconds:g} s and "
+            f"{a.max_bytes} bytes{long_form}; {a.seconds_per_column:g} s per attention column"
         )
     if info.image is not None:
         i = info.image

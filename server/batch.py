@@ -46,11 +46,13 @@ def _initial_state(spec: StateSpec, batch: int, width: int, tensors: Mapping[str
 class Batch:
     """The model-side tensors of rows decoded together, with explicit operations: build, step, select.
 
-    Rows are independent: each has its own position, self-attention mask and source length, so filtering
+    Rows are independent: each has its own position, self-attention mask and source length, so dropping
     or reordering rows never changes what a row computes.
 
     Rows live in slots of the decoder's tensors (server/slots.py): a row that leaves frees its slot, a row
     that joins takes a free one, and only when that cannot be done are the rows gathered into fresh tensors.
+    Each step's logits go through the manifest's logit processors in order (server/logit_processors.py);
+    their per-row state follows the rows through select, merge and split.
     """
 
     # The last rows move into free slots when more than this share of the rows' number is free: free slots

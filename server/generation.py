@@ -49,6 +49,10 @@ class DecodingOptions:
     # log p(source | candidate), the same model translating each candidate back (server/reranking.py).
     # Beam search on a model that translates both ways; not streamed. 0 = the beam's own order.
     reverse_weight: float = 0.0
+    # Terminology constraints: (source term, required target term) pairs, sorted (server/glossary.py).
+    # use_default_glossary: also the model's default glossary, these pairs winning where both name a term.
+    glossary: tuple[tuple[str, str], ...] = ()
+    use_default_glossary: bool = False
 
 
 # Greedy search whatever the model's default search is: what a comparison with another greedy decoder needs.
@@ -125,7 +129,8 @@ class GenerationRequest:
     model: str
     # Source text (text models); "" when the request carries audio or an image.
     text: str = ""
-    # Target language code, e.g. "en" or "zh-TW"; "" = the model's only / first target language.
+    # Target language code, e.g. "en" or "zh-TW"; "" = the model's only target language, or for text the one
+    # the text is not written in (server/language_detection.py), else the first.
     target_language: str = ""
     decoding: DecodingOptions = DecodingOptions()
     attention: AttentionOptions = AttentionOptions()
@@ -213,6 +218,20 @@ class FinishReason(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class TranscriptSegment:
+    """One stretch of a recording longer than the model's window, cut at pauses and transcribed alone
+    (server/longform.py). A stream yields each as soon as it is transcribed; the result lists them all."""
+
+    index: int  # position among the recording's segments, in time order, counted from 0
+    count: int  # how many segments the recording was cut into
+    start_seconds: float  # where the segment starts, from the start of the recording
+    end_seconds: float  # where it ends
+    text: str  # its transcript
+    words: list[WordTiming]  # its words, timed from the start of the recording (not of the segment)
+    finish_reason: FinishReason  # why its decoding stopped
+
+
+@dataclasses.dataclass(frozen=True)
 class Timings:
     queue_seconds: float  # accepted -> first model call for this request
     encode_seconds: float  # encoder call of the batch it ran in
@@ -234,6 +253,18 @@ class ScoredSequence:
 
 
 @dataclasses.dataclass(frozen=True)
+class GlossaryPlacement:
+    """A glossary term found in the source and the output tokens that spell its target term."""
+
+    source: str
+    target: str
+    source_start: int  # characters of the text: [source_start, source_end)
+    source_end: int
+    output_start: int  # output tokens: [output_start, output_end); -1, -1 = not in the output
+    output_end: int
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationResult:
     model: str
     text: str
@@ -248,6 +279,10 @@ class GenerationResult:
     # DecodingOptions.num_return_sequences > 1: the best sequences, best first (the first is the output
     # above); at most that many, fewer when the model can produce fewer. Else empty.
     nbest: list[ScoredSequence] = dataclasses.field(default_factory=list)
+    # Audio longer than the model's window (long-form): its segments in time order; else empty.
+    segments: list[TranscriptSegment] = dataclasses.field(default_factory=list)
+    # Glossary terms of the source, in order, and where the output placed each; empty without any.
+    glossary: list[GlossaryPlacement] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,6 +293,13 @@ class AudioInputInfo:
     max_seconds: float  # longest accepted audio
     max_bytes: int  # largest accepted WAV file (raw samples count 4 bytes each)
     seconds_per_column: float  # time one attention column spans (frame shift x the encoder's time reduction)
+    # Long-form: audio longer than max_seconds, up to this long, is cut at pauses and transcribed segment by
+    # segment (server/longform.py); 0 = not accepted (an older server, or a model it does not cut).
+    long_form_max_seconds: float = 0.0
+    # The largest long-form AudioInput data, in bytes (one hour of 16 kHz 16-bit mono WAV fits).
+    long_form_max_bytes: int = 0
+    # Audio file formats AudioInput data may be in, e.g. ("wav", "flac", "ogg", "mp3"); () = WAV only.
+    formats: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,6 +338,7 @@ class ModelInfo:
     max_attention_values: int = 0  # most attention weights in one response; 0 = only the model's own bounds
     max_response_bytes: int = 0  # the largest response message the server sends
     variant: str = ""  # the manifest variant whose graphs are served ("" = the default graphs)
+    glossary_terms: int = 0  # entries of the model's default glossary
 
 
 def resolved_beam_size(options: DecodingOptions, default: int) -> int:

@@ -48,6 +48,8 @@ class PreparedRequest:
     # The token the first step must output (manifest forced_first_token: NLLB's target-language token);
     # None = the model chooses.
     forced_first_id: int | None = None
+    # Glossary terms the output must contain (server/glossary.py Constraint); () = none.
+    constraints: tuple = ()
 
     @property
     def keeps_attention(self) -> bool:

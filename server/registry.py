@@ -2,7 +2,8 @@
 
 `load_engine` opens one version (its sessions checked against the manifest, its tokenizer checked against
 the decoder's logits) into a `ModelEngine`; `load_engines` opens the newest version of every model of a
-repository into an `EngineRegistry`, skipping (and recording) broken ones when asked to.
+repository into an `EngineRegistry`, skipping (and recording) broken ones when asked to; `open_model`
+opens one model of a repository by name.
 """
 
 from __future__ import annotations
@@ -72,6 +73,21 @@ def load_engine(
             f"{tokenizer.vocab_size} tokens"
         )
     return ModelEngine(model, runtime, tokenizer, batching)
+
+
+def open_model(
+    repository: str | pathlib.Path,
+    name: str,
+    runtime_options: RuntimeOptions = RuntimeOptions(),
+    batching: BatchingOptions = BatchingOptions(),
+) -> ModelEngine:
+    """The newest version of one model of a repository, opened as `attnserve serve --model NAME` opens it
+    (no other model is read); what export/ and bench/ use to run a served model in process.
+
+    Raises:
+        ValueError: no such model in the repository (the message lists those it has), or it is broken.
+    """
+    return load_engine(find_models(repository, only=[name])[name], runtime_options, batching)
 
 
 def load_engines(

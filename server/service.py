@@ -33,10 +33,19 @@ MAX_STREAM_INTERVAL = 256
 
 
 class Engine(Protocol):
-    """What the servicer needs from a model engine (see server/engine.py)."""
+    """What the server needs from a model engine: server/engine.py's ModelEngine, in this process, or
+    server/engine_process.py's ProcessEngine, in a child process."""
+
+    # Called (from any thread) with the reason if the engine ends on its own; set by the server. An
+    # in-process engine never does.
+    on_exit: Callable[[str], None] | None
 
     @property
     def info(self) -> generation.ModelInfo: ...
+
+    @property
+    def providers(self) -> list[str]:
+        """The ONNX Runtime execution providers its graphs run on, best first."""
 
     def submit(
         self,
@@ -46,7 +55,7 @@ class Engine(Protocol):
 
     def cancel(self, future: concurrent.futures.Future[generation.GenerationResult]) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, timeout: float | None = None) -> None: ...
 
 
 class AttnServeServicer(pb_grpc.AttnServeServicer):
@@ -149,6 +158,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         its access line."""
         code = grpc.StatusCode.OK
         model = request.model
+        request.request_id = request.request_id or logging_setup.new_request_id()  # every log line names one
         access = _Access(started=time.perf_counter())
         try:
             yield access
@@ -237,6 +247,9 @@ class _TokenStream:
         shorter), until the engine finishes. Raises TimeoutError as `events` does."""
         group, size = [], 1
         async for event in self.events(deadline):
+            if isinstance(event, generation.TranscriptSegment):  # long-form: every segment in a message of its own
+                yield [event]
+                continue
             group.append(event)
             if len(group) == size:
                 yield group

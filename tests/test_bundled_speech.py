@@ -36,7 +36,7 @@ def examples() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def engine(examples):
-    engine = load_engine(find_models(REPOSITORY)[NAME], RuntimeOptions(), BatchingOptions(max_batch_size=8, window_seconds=0.2))
+    engine = load_engine(find_models(REPOSITORY)[NAME], RuntimeOptions(), BatchingOptions(max_batch_size=8, window_ms=200.0))
     yield engine
     engine.close()
 

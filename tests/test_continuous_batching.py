@@ -37,7 +37,7 @@ from fakes import MIXED_TEXTS, WAIT, recording_engine
 
 CONTINUOUS = BatchingOptions()  # the default
 FAIR = 16
-ALONE = BatchingOptions(max_batch_size=1, window_seconds=0.0, continuous=None)
+ALONE = BatchingOptions(max_batch_size=1, window_ms=0.0, continuous=None)
 # Newcomers encoded on the worker between steps: they join at the next step, whatever the encoder's speed.
 INLINE_ENCODING = BatchingOptions(continuous=SchedulingOptions(overlap_encoding=False))
 IMAGE_MAX_NEW = 6  # the tiny captioner's limit
@@ -467,7 +467,7 @@ def test_a_deadline_passing_mid_flight_frees_the_row_and_spares_the_neighbour(ti
 def test_an_idle_worker_starts_a_lone_request_at_once(tiny_model_repo):
     # A window far longer than the wait: a lone request that waited for it would time out.
     engine = load_engine(find_models(tiny_model_repo)[TINY_MODEL_NAME], RuntimeOptions(),
-                         BatchingOptions(window_seconds=10 * WAIT))
+                         BatchingOptions(window_ms=10000.0 * WAIT))
     try:
         for i in range(3):
             result = engine.generate(text(TINY_MODEL_NAME, i, new=4), WAIT)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.registry import load_engine, load_engines
+from attnserve.server.registry import load_engine, load_engines, open_model
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
@@ -133,9 +133,10 @@ def test_word_attention_keeps_rows_summing_to_one(engine):
     np.testing.assert_allclose(np.sum(m.weights, axis=1), 1.0, atol=1e-5)
 
 
-def test_defaults_first_language_no_attention(engine):
+def test_defaults_other_language_no_attention(engine):
+    # No target language: English text goes into the model's other language (server/language_detection.py).
     result = engine.generate(GenerationRequest(MODEL, "Save", decoding=DecodingOptions(max_new_tokens=2)), WAIT)
-    assert result.target_language == "en" and result.attention is None and len(result.tokens) <= 2
+    assert result.target_language == "zh-TW" and result.attention is None and len(result.tokens) <= 2
     t = result.timings
     assert t.batch_size == 1 and min(t.queue_seconds, t.encode_seconds, t.decode_seconds) >= 0
     assert t.total_seconds >= t.first_token_seconds >= t.queue_seconds and t.total_seconds >= t.decode_seconds
@@ -308,6 +309,17 @@ def test_a_tokenizer_smaller_than_the_model_is_refused(tmp_path, tiny_model_repo
     with pytest.raises(ValueError, match=r"decoder.onnx: logits have \d+ classes but .*tokenizer.json has only"):
         load_engines(repo)
 
+
+
+def test_open_model_opens_one_model_by_name_and_names_the_others_when_it_is_missing(tiny_model_repo, registry):
+    engine = open_model(tiny_model_repo, MODEL)
+    try:
+        assert engine.info == registry.get(MODEL).info
+        assert engine.generate(request(0), WAIT).tokens == registry.get(MODEL).generate(request(0), WAIT).tokens
+    finally:
+        engine.close()
+    with pytest.raises(ValueError, match=f"no model 'nope' in the repository; it has {MODEL}"):
+        open_model(tiny_model_repo, "nope")
 
 def test_oversized_text_is_refused_without_tokenizing(engine, monkeypatch):
     limit = engine.manifest.limits.max_source_tokens * engine.tokenizer.max_piece_chars

@@ -201,15 +201,10 @@ class _FaultyRuntime:
 def test_injected_runtime_error_fails_only_its_request_as_internal(tiny_model_repo, caplog):
     from attnserve.server.batcher import BatchingOptions
 
-    from attnserve.server.engine import ModelEngine
-
-    options = BatchingOptions(window_seconds=0.2)
-    recorded, recording = recording_engine(tiny_model_repo, TINY, options)
-    recorded.close()
     poison = "知" * 30
-    poison_length = len(recorded.tokenizer.encode(poison))
-    # The engine hands its runtime to the decode loop when it is built: the fault goes in at construction.
-    engine = ModelEngine(recorded.model, _FaultyRuntime(recording, poison_length), recorded.tokenizer, options)
+    engine, recording = recording_engine(tiny_model_repo, TINY, BatchingOptions(window_ms=200.0),
+                                         wrap=lambda recording: _FaultyRuntime(recording, None))
+    engine.runtime.poison_length = len(engine.tokenizer.encode(poison))
     texts = ["hello world", poison, "Open the file", "知識就是力量。"]
     with app.BackgroundServer({TINY: engine}) as background, grpc.insecure_channel(background.address) as channel:
         generate = pb_grpc.AttnServeStub(channel).Generate
