@@ -236,6 +236,7 @@ def test_m2m100_418m_config_graphs_equal_the_eager_model(tmp_path):
     (lambda d: (d / "tokenizer.json").unlink(), "missing file tokenizer.json"),
     (lambda d: _edit(d / "generation_config.json", early_stopping=True), "early_stopping=True is not supported"),
     (lambda d: _edit(d / "config.json", layernorm_embedding=True), "key 'layernorm_embedding' is not handled"),
+    (lambda d: _edit(d / "tokenizer_config.json", legacy_behaviour=True), "legacy_behaviour=True is not supported"),
 ])
 def test_what_the_importer_cannot_map_is_refused_by_name(checkpoint, tmp_path, capsys, breakage, message):
     broken = tmp_path / "broken"

@@ -110,6 +110,8 @@ def import_checkpoint(ckpt: Checkpoint, out_dir: pathlib.Path, name: str, versio
     """Writes the graphs, tokenizer and manifest of an NLLB / M2M100 checkpoint; returns the manifest."""
     generation = check_config(ckpt)
     tokenizer_config = ckpt.json("tokenizer_config.json", default={})
+    if tokenizer_config.get("legacy_behaviour"):  # `text </s> [src_lang]`: not the prefix layout served here
+        raise ValueError(f"{ckpt.folder}/tokenizer_config.json: legacy_behaviour=True is not supported")
     tokenizer = write_tokenizer(ckpt, out_dir)
     codes = language_codes(ckpt, tokenizer_config, tokenizer.get_vocab(with_added_tokens=True))
     languages = chosen_languages(codes, given_languages, tokenizer_config.get("src_lang") or "eng_Latn", ckpt.folder)
