@@ -5,7 +5,9 @@ codes with tiny sizes, a BPE tokenizer trained here and widened random weights. 
 graphs' log-probabilities and every layer's and head's cross-attention == the eager model's; served greedy
 and beam outputs == `generate(forced_bos_token_id=...)` (the target-language token first), on a padded
 batch and for requests that join a running batch; the source-language token comes from the request;
-tokenizer.json == NllbTokenizer on 1,200 lines each way. The m2m100_418M config's graphs are checked too.
+tokenizer.json == NllbTokenizer on 1,200 lines each way. An m2m100_418M-config checkpoint with M2M100's own
+tokenizer files (vocab.json + sentencepiece.bpe.model, rebuilt as BPE) serves greedy and beam == generate,
+and its tokenizer equals M2M100Tokenizer on 1,200 lines each way.
 """
 
 from __future__ import annotations
@@ -233,7 +235,7 @@ def test_m2m100_418m_config_graphs_equal_the_eager_model(tmp_path):
 
 
 @pytest.mark.parametrize("breakage, message", [
-    (lambda d: (d / "tokenizer.json").unlink(), "missing file tokenizer.json"),
+    (lambda d: (d / "tokenizer.json").unlink(), "missing file tokenizer.json"),  # and no vocab.json either
     (lambda d: _edit(d / "generation_config.json", early_stopping=True), "early_stopping=True is not supported"),
     (lambda d: _edit(d / "config.json", layernorm_embedding=True), "key 'layernorm_embedding' is not handled"),
     (lambda d: _edit(d / "tokenizer_config.json", legacy_behaviour=True), "legacy_behaviour=True is not supported"),
@@ -268,3 +270,45 @@ def test_translate_from_and_to_over_grpc_reach_the_model(repo, engine, capsys):
     want = engine.generate(request(TEXTS[1], source="zho_Hans", target="fra_Latn"))
     assert status == 0 and [t["id"] for t in out["tokens"]] == [t.id for t in want.tokens]
     assert out["source_tokens"][0]["piece"] == "zho_Hans"
+
+
+@pytest.fixture(scope="module")
+def m2m100(tmp_path_factory):
+    """The m2m100_418M configs with M2M100's own tokenizer files (vocab.json + sentencepiece.bpe.model)."""
+    checkpoint = tiny_nllb.build(tmp_path_factory.mktemp("m2m100") / "m2m100-tiny", seed=1, m2m100=True)
+    repository = tmp_path_factory.mktemp("m2m100-imported")
+    assert cli.main(["import", str(checkpoint), "--name", "m2m", "--repository", str(repository)]) == 0
+    engine = load_engine(find_models(repository)["m2m"], RuntimeOptions(), BatchingOptions())
+    yield engine, (tiny_nllb.transformers_model(checkpoint), tiny_nllb.transformers_tokenizer(checkpoint, "zh"))
+    engine.close()
+
+
+def test_m2m100_served_greedy_and_beam_equal_generate(m2m100):
+    engine, (model, tok) = m2m100
+    assert engine.info.source_languages[0] == "en" and len(engine.info.target_languages) == 100
+    batch = tok(TEXTS, return_tensors="pt", padding=True)
+    for beams in (1, 5):  # 5: the checkpoint's num_beams, the manifest's default
+        with torch.no_grad():
+            out = model.generate(**batch, max_new_tokens=MAX_NEW, num_beams=beams,
+                                 forced_bos_token_id=tok.get_lang_id("fr"))
+        wire = [GenerationRequest("m2m", t, "fr", DecodingOptions(MAX_NEW, beams), source_language="zh") for t in TEXTS]
+        results = [f.result(120) for f in [engine.submit(r) for r in wire]]
+        assert [[t.id for t in r.tokens] for r in results] == [tokens_of(row) for row in out]
+        assert [[t.id for t in r.source_tokens] for r in results] == [tok(t).input_ids for t in TEXTS]
+
+
+def test_m2m100_tokenizer_equals_m2m100_tokenizer_on_1200_lines_each_way(m2m100):
+    engine, (_, tok) = m2m100
+    lines = tiny_marian.lines(1200, seed=11)
+    prefix = engine.manifest.source_language_prefix["zh"]
+    encoded_differ = sum([prefix, *engine.tokenizer.encode(x)] != tok(x).input_ids for x in lines)
+    # Ids of the vocabulary (language tokens apart: transformers 5's M2M100Tokenizer writes them into the
+    # text even with skip_special_tokens, the server drops them as the special tokens they are).
+    rng = random.Random(3)
+    first_language = min(engine.manifest.source_language_prefix.values())
+    sequences = [[rng.randrange(first_language) for _ in range(rng.randint(1, 20))] for _ in range(1200)]
+    pairs = [(engine.tokenizer.decode(s), tok.decode(s, skip_special_tokens=True)) for s in sequences]
+    decoded_differ = sum(ours != theirs for ours, theirs in pairs)
+    print(f"M2M100 tokenizer: encode {len(lines) - encoded_differ}/{len(lines)} equal, "
+          f"decode {len(sequences) - decoded_differ}/{len(sequences)} equal")
+    assert encoded_differ == 0 and all(ours == theirs.strip(" ") for ours, theirs in pairs)

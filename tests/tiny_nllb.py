@@ -40,8 +40,31 @@ def _tokenizer_json(spm: bytes, folder: pathlib.Path, codes: list[str]) -> None:
     spm_dir.rmdir()
 
 
-def build(folder: pathlib.Path, seed: int = 0) -> pathlib.Path:
-    """Writes the checkpoint folder and returns it."""
+def _m2m100_tokenizer(spm: bytes, folder: pathlib.Path) -> int:
+    """M2M100's files: sentencepiece.bpe.model and a fairseq-style vocab.json (<s> <pad> </s> <unk>, the
+    pieces); returns the model's vocabulary size (+ 100 language tokens + 8 made-up words, as transformers')."""
+    import sentencepiece
+
+    (folder / "sentencepiece.bpe.model").write_bytes(spm)
+    sp = sentencepiece.SentencePieceProcessor(model_proto=spm)
+    pieces = ["<s>", "<pad>", "</s>", "<unk>"]
+    pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+    (folder / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>",
+        "language_codes": "m2m100", "num_madeup_words": 8, "src_lang": None, "tgt_lang": None,
+        "model_max_length": 1024, "tokenizer_class": "M2M100Tokenizer"}))
+    return len(pieces) + 100 + 8
+
+
+def build(folder: pathlib.Path, seed: int = 0, m2m100: bool = False) -> pathlib.Path:
+    """Writes the checkpoint folder and returns it.
+
+    Args:
+        m2m100: facebook/m2m100_418M's configs and M2M100's own tokenizer files instead (its
+            `early_stopping: true` set false: the server's beam search does not stop early, and the
+            importer refuses it).
+    """
     import torch
     from safetensors.torch import save_file
     from tokenizers import Tokenizer
@@ -50,15 +73,19 @@ def build(folder: pathlib.Path, seed: int = 0) -> pathlib.Path:
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     lines = [tiny_marian.zh_line(rng) for _ in range(300)] + [tiny_marian.en_line(rng) for _ in range(300)]
-    fixture = FIXTURES / "nllb-200-distilled-600M"
-    tokenizer_config = json.loads((fixture / "tokenizer_config.json").read_text())
-    _tokenizer_json(tiny_marian.train_spm(lines, 300, "bpe"), folder, tokenizer_config["additional_special_tokens"])
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
-    vocab_size = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    spm = tiny_marian.train_spm(lines, 300, "bpe")
+    fixture = FIXTURES / ("m2m100_418M" if m2m100 else "nllb-200-distilled-600M")
+    if m2m100:
+        vocab_size = _m2m100_tokenizer(spm, folder)
+    else:
+        tokenizer_config = json.loads((fixture / "tokenizer_config.json").read_text())
+        _tokenizer_json(spm, folder, tokenizer_config["additional_special_tokens"])
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+        vocab_size = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
     config = json.loads((fixture / "config.json").read_text())
-    config.update(SIZES, vocab_size=vocab_size, max_length=MAX_LENGTH)
+    config.update(SIZES, vocab_size=vocab_size, max_length=MAX_LENGTH, **({"early_stopping": False} if m2m100 else {}))
     generation = json.loads((fixture / "generation_config.json").read_text())
-    generation.update(max_length=MAX_LENGTH)
+    generation.update(max_length=MAX_LENGTH, **({"early_stopping": False} if m2m100 else {}))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
     torch.manual_seed(seed)
@@ -90,6 +117,8 @@ def transformers_model(folder: pathlib.Path):
 
 
 def transformers_tokenizer(folder: pathlib.Path, src_lang: str = "eng_Latn"):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, M2M100Tokenizer
 
+    if (folder / "vocab.json").is_file():  # M2M100's own (slow, sentencepiece) tokenizer
+        return M2M100Tokenizer.from_pretrained(str(folder), local_files_only=True, src_lang=src_lang)
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, src_lang=src_lang)

@@ -15,8 +15,9 @@ What such a checkpoint holds and where it goes:
 - tokenizer.json (NLLB's, as its checkpoints ship it) -> tokenizer.json without its post-processor (the
   server adds the language token and </s>); transformers 5 ignores `clean_up_tokenization_spaces` for
   BPE tokenizers such as NLLB's, and so does the server.
-M2M100's own tokenizer (vocab.json + sentencepiece.bpe.model, `__en__` codes, no tokenizer.json) is not
-rebuilt yet: such a folder is refused, naming the missing tokenizer.json.
+- M2M100's own tokenizer (vocab.json + sentencepiece.bpe.model, no tokenizer.json; `__en__` tokens after the
+  vocabulary, served as `en`) -> source_tokenizer.json + source_vocab.json + tokenizer.json
+  (m2m100_tokenizer.py; manifest `tokenizer.source`, as for Marian).
 """
 
 from __future__ import annotations
@@ -94,6 +95,22 @@ def chosen_languages(codes: dict[str, int], given: list[str] | None, default: st
     return [default, *(c for c in codes if c != default)] if default in codes else list(codes)
 
 
+def write_m2m100_tokenizers(ckpt: Checkpoint, tokenizer_config: dict, out_dir: pathlib.Path) -> dict[str, int]:
+    """M2M100Tokenizer's files rebuilt (m2m100_tokenizer.py); returns code ("en") -> language token id."""
+    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+
+    from attnserve.export.importers import m2m100_tokenizer
+
+    family = tokenizer_config.get("language_codes", "m2m100")
+    if family not in FAIRSEQ_LANGUAGE_CODES:
+        raise ValueError(f"{ckpt.folder}/tokenizer_config.json: language_codes {family!r} is not one of "
+                         f"{sorted(FAIRSEQ_LANGUAGE_CODES)}")
+    codes = list(FAIRSEQ_LANGUAGE_CODES[family])
+    ids = m2m100_tokenizer.write(ckpt.path("sentencepiece.bpe.model"), ckpt.json("vocab.json"),
+                                 [f"__{c}__" for c in codes], out_dir, ckpt.config["vocab_size"])
+    return {c: ids[f"__{c}__"] for c in codes}
+
+
 def write_tokenizer(ckpt: Checkpoint, out_dir: pathlib.Path) -> Tokenizer:
     """tokenizer.json: the checkpoint's, without its post-processor (the server adds the language token
     and </s>), decoding as transformers' decode(skip_special_tokens=True)."""
@@ -112,14 +129,22 @@ def import_checkpoint(ckpt: Checkpoint, out_dir: pathlib.Path, name: str, versio
     tokenizer_config = ckpt.json("tokenizer_config.json", default={})
     if tokenizer_config.get("legacy_behaviour"):  # `text </s> [src_lang]`: not the prefix layout served here
         raise ValueError(f"{ckpt.folder}/tokenizer_config.json: legacy_behaviour=True is not supported")
-    tokenizer = write_tokenizer(ckpt, out_dir)
-    codes = language_codes(ckpt, tokenizer_config, tokenizer.get_vocab(with_added_tokens=True))
-    languages = chosen_languages(codes, given_languages, tokenizer_config.get("src_lang") or "eng_Latn", ckpt.folder)
+    if (ckpt.folder / "tokenizer.json").is_file() or not (ckpt.folder / "vocab.json").is_file():
+        tokenizer = write_tokenizer(ckpt, out_dir)
+        codes = language_codes(ckpt, tokenizer_config, tokenizer.get_vocab(with_added_tokens=True))
+        default, source_spec = tokenizer_config.get("src_lang") or "eng_Latn", {}
+    else:  # M2M100's own: vocab.json + sentencepiece.bpe.model, `__en__` tokens after the vocabulary
+        codes = write_m2m100_tokenizers(ckpt, tokenizer_config, out_dir)
+        default = tokenizer_config.get("src_lang") or "en"
+        source_spec = {"source": {"file": "source_tokenizer.json", "vocab": "source_vocab.json"}}
+        tokenizer = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+    languages = chosen_languages(codes, given_languages, default, ckpt.folder)
     model = load_model(ckpt)
     pad = model.config.pad_token_id
     layout = seq2seq_graphs.Layout(pre_norm=True, position_offset=pad + 1, pad_position=pad)
     seq2seq_graphs.export(model, layout, model.model.encoder.embed_positions.weights, out_dir)
     manifest = build_manifest(model.config, generation, tokenizer, name, version, {c: codes[c] for c in languages})
+    manifest["tokenizer"].update(source_spec)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return manifest
 

@@ -29,10 +29,10 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 METASPACE = "\u2581"
 # sentencepiece_model.proto ModelProto.SentencePiece.Type
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
-_UNIGRAM = 1  # TrainerSpec.ModelType
+_MODEL_TYPES = {"unigram": 1, "bpe": 2}  # TrainerSpec.ModelType
 
 
-def parse_model(data: bytes):
+def parse_model(data: bytes, model_type: str = "unigram"):
     """The SentencePiece ModelProto of a `.spm` / `.model` file's bytes.
 
     Raises:
@@ -50,7 +50,7 @@ def parse_model(data: bytes):
         raise ValueError("not a SentencePiece model: it has no pieces")
     trainer, spec = proto.trainer_spec, proto.normalizer_spec
     unsupported = {
-        "model_type other than unigram": trainer.model_type != _UNIGRAM,
+        f"model_type other than {model_type}": trainer.model_type != _MODEL_TYPES[model_type],
         "byte_fallback": trainer.byte_fallback,
         "treat_whitespace_as_suffix": trainer.treat_whitespace_as_suffix,
         "escape_whitespaces false": not spec.escape_whitespaces,
@@ -89,6 +89,12 @@ def source_tokenizer(proto, vocab: Mapping[str, int], special: Iterable[str], un
             table.append((f"{METASPACE}unreachable {i}", floor))  # holds a space: no text matches it
     table += [(piece, score) for piece, score in scores.items() if piece not in vocab]
     tokenizer = Tokenizer(models.Unigram(table, unk_id=vocab[unk], byte_fallback=False))
+    return with_spm_rules(tokenizer, proto, special), size
+
+
+def with_spm_rules(tokenizer: Tokenizer, proto, special: Iterable[str]) -> Tokenizer:
+    """`tokenizer` reading text as SentencePiece model `proto` does: its normalizer, `▁` word marker and
+    whitespace splitting; `special` tokens matched in the text first."""
     tokenizer.normalizer = _normalizer(proto)
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
         replacement=METASPACE, prepend_scheme="always" if proto.normalizer_spec.add_dummy_prefix else "never",
@@ -96,7 +102,7 @@ def source_tokenizer(proto, vocab: Mapping[str, int], special: Iterable[str], un
     )
     tokenizer.decoder = _decoder()
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-    return tokenizer, size
+    return tokenizer
 
 
 def target_tokenizer(vocab: Mapping[str, int], special: Iterable[str], unk: str) -> Tokenizer:
