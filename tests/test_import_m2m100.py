@@ -312,3 +312,19 @@ def test_m2m100_tokenizer_equals_m2m100_tokenizer_on_1200_lines_each_way(m2m100)
     print(f"M2M100 tokenizer: encode {len(lines) - encoded_differ}/{len(lines)} equal, "
           f"decode {len(sequences) - decoded_differ}/{len(sequences)} equal")
     assert encoded_differ == 0 and all(ours == theirs.strip(" ") for ours, theirs in pairs)
+
+
+def test_the_int8_variant_serves_and_its_agreement_with_float32_is_reported(checkpoint, engine, tmp_path):
+    assert cli.main(["import", str(checkpoint), "--name", NAME, "--repository", str(tmp_path), "--variant", "int8"]) == 0
+    other = load_engine(find_models(tmp_path)[NAME], RuntimeOptions(variant="int8"), BatchingOptions())
+    try:
+        assert other.info.variant == "int8"
+        lines = tiny_marian.lines(20, seed=5)
+        fp32 = [[t.id for t in engine.generate(request(x)).tokens] for x in lines]
+        low = [[t.id for t in other.generate(request(x)).tokens] for x in lines]
+    finally:
+        other.close()
+    same = sum(a == b for a, b in zip(fp32, low))
+    print(f"NLLB int8 outputs equal to float32 on {same}/{len(lines)} lines")
+    assert all(row[0] == fp32[0][0] for row in low)  # the forced language token, whatever the precision
+    assert same >= len(lines) // 2
