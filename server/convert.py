@@ -35,6 +35,7 @@ _INPUT_KINDS = {
     gen.InputKind.TEXT: pb.INPUT_KIND_TEXT,
     gen.InputKind.AUDIO: pb.INPUT_KIND_AUDIO,
     gen.InputKind.IMAGE: pb.INPUT_KIND_IMAGE,
+    gen.InputKind.VIDEO: pb.INPUT_KIND_VIDEO,
 }
 
 
@@ -56,6 +57,8 @@ def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
         text=msg.text.text if kind == "text" else "",
         audio=_audio_from_proto(msg.audio) if kind == "audio" else None,
         image=gen.ImageInput(msg.image.data) if kind == "image" else None,
+        video=gen.VideoInput(msg.video.data, tuple(msg.video.frames), msg.video.frames_per_second)
+        if kind == "video" else None,
         target_language=msg.target_language,
         decoding=_decoding_from_proto(msg.decoding),
         attention=gen.AttentionOptions(
@@ -88,6 +91,9 @@ def request_to_proto(request: gen.GenerationRequest, source_language: str | None
         inputs["audio"] = _audio_to_proto(request.audio)
     if request.image is not None:
         inputs["image"] = pb.ImageInput(data=request.image.data)
+    if request.video is not None:
+        v = request.video
+        inputs["video"] = pb.VideoInput(data=v.data, frames=list(v.frames), frames_per_second=v.frames_per_second)
     if request.text or not inputs:
         inputs["text"] = pb.TextInput(text=request.text, source_language=source_language)
     return pb.GenerateRequest(
@@ -186,6 +192,7 @@ def result_to_proto(result: gen.GenerationResult) -> pb.GenerateResponse:
         timings=pb.Timings(**dataclasses.asdict(timings)),  # the message mirrors the dataclass field by field
         words=[pb.WordTiming(**dataclasses.asdict(w)) for w in result.words],
         nbest=[_scored_to_proto(s) for s in result.nbest],
+        frames=[pb.FrameAttention(**dataclasses.asdict(f)) for f in result.frames],
     )
 
 
@@ -210,6 +217,8 @@ def result_from_proto(msg: pb.GenerateResponse) -> gen.GenerationResult:
         timings=gen.Timings(**{f.name: getattr(timings, f.name) for f in dataclasses.fields(gen.Timings)}),
         words=[gen.WordTiming(w.word, w.start_seconds, w.end_seconds) for w in msg.words],
         nbest=[_scored_from_proto(s) for s in msg.nbest],
+        frames=[gen.FrameAttention(f.word, list(f.timeline), list(f.frame_seconds), f.peak_frame, list(f.heatmap))
+                for f in msg.frames],
     )
 
 
@@ -340,7 +349,7 @@ def _streamed_token(event: pb.TokenEvent) -> gen.StreamedToken:
 # ---- models ------------------------------------------------------------------------------------------
 
 
-_INPUT_FIELDS = ("input_kind", "audio", "image")
+_INPUT_FIELDS = ("input_kind", "audio", "image", "video")
 
 
 def model_info_to_proto(info: gen.ModelInfo) -> pb.ModelInfo:
@@ -351,6 +360,7 @@ def model_info_to_proto(info: gen.ModelInfo) -> pb.ModelInfo:
         input_kind=_INPUT_KINDS[info.input_kind],
         audio=None if info.audio is None else pb.AudioInputInfo(**dataclasses.asdict(info.audio)),
         image=None if info.image is None else pb.ImageInputInfo(**dataclasses.asdict(info.image)),
+        video=None if info.video is None else pb.VideoInputInfo(**dataclasses.asdict(info.video)),
     )
 
 
@@ -371,6 +381,7 @@ def model_info_from_proto(msg: pb.ModelInfo) -> gen.ModelInfo:
         input_kind=kinds[msg.input_kind],
         audio=_fields(gen.AudioInputInfo, msg.audio) if msg.HasField("audio") else None,
         image=_fields(gen.ImageInputInfo, msg.image) if msg.HasField("image") else None,
+        video=_fields(gen.VideoInputInfo, msg.video) if msg.HasField("video") else None,
     )
 
 

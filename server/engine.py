@@ -442,6 +442,7 @@ class ModelEngine:
             timings=timings,
             words=words,
             nbest=self._nbest(prepared, hyp),
+            frames=self.preprocessor.frame_attention(prepared.source, attention) if attention is not None else [],
         )
 
     def _nbest(self, prepared: PreparedRequest, hyp: Hypothesis) -> list[ScoredSequence]:
