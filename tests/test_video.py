@@ -29,7 +29,7 @@ from attnserve.server.video_files import read_clip, sample
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import BATCHING_MODES, WAIT, generate_together
-from tiny_video import FRAMES, LIMITS, NAME, SIDE, captioner, export_repo, frames
+from tiny_video import FRAMES, LIMITS, NAME, SIDE, frames, video_model, video_repo  # noqa: F401 (fixtures)
 
 pytest.importorskip("av")
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -55,13 +55,13 @@ def words() -> AttentionOptions:
 
 
 @pytest.fixture(scope="module")
-def model():
-    return captioner()
+def model(video_model):
+    return video_model
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory, model):
-    return export_repo(model, tmp_path_factory.mktemp("video_repo"))
+def repo(video_repo):
+    return video_repo
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pathlib
 
 import numpy as np
+import pytest
 
 NAME = "tiny-video"
 SIDE, FRAMES = 16, 4
@@ -58,3 +59,14 @@ def frames(count: int, height: int, width: int, seed: int) -> np.ndarray:
         x0 = int((width - side) * k / max(count - 1, 1))
         out[k, height // 3 : height // 3 + side, x0 : x0 + side] = rng.uniform(200, 255, 3)
     return np.clip(out, 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="session")
+def video_model():
+    """The tiny captioner; its export is shared by every test module that imports these fixtures."""
+    return captioner()
+
+
+@pytest.fixture(scope="session")
+def video_repo(tmp_path_factory, video_model):
+    return export_repo(video_model, tmp_path_factory.mktemp("video_repo"))
