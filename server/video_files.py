@@ -179,5 +179,10 @@ def sample(clip: DecodedClip, count: int) -> tuple[list[np.ndarray], np.ndarray]
     """`count` frames of the clip: the frame showing at the middle of each of `count` equal stretches (a
     frame shows from its start to the next one's), and those times (export/video/clips.py samples the same)."""
     times = (np.arange(count) + 0.5) * clip.duration / count
+    return frames_at(clip, times), times
+
+
+def frames_at(clip: DecodedClip, times: np.ndarray) -> list[np.ndarray]:
+    """The frame showing at each of `times` (seconds)."""
     index = np.clip(np.searchsorted(clip.starts, times, side="right") - 1, 0, len(clip.frames) - 1)
-    return [clip.frames[i] for i in index], times
+    return [clip.frames[i] for i in index]

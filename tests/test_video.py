@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from attnserve.clients import cli, filmstrip
 from attnserve.export.video.model import normalize
 from attnserve.export.video.render import encode_video
 from attnserve.server import app, preprocessing
@@ -66,10 +67,10 @@ def repo(video_repo):
 
 @pytest.fixture(scope="module")
 def served(repo):
-    """(stub, engines): the tiny clip captioner behind an in-process gRPC server."""
+    """(stub, engines, address): the tiny clip captioner behind an in-process gRPC server."""
     engines = app.load_engines(app.ServeOptions(models=str(repo)))
     with app.BackgroundServer(engines) as background, grpc.insecure_channel(background.address) as channel:
-        yield pb_grpc.AttnServeStub(channel), engines
+        yield pb_grpc.AttnServeStub(channel), engines, background.address
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +182,7 @@ def reference(model, data: bytes, spec) -> tuple[list[int], np.ndarray]:
 
 @pytest.mark.parametrize("i", range(len(CLIPS)))
 def test_a_served_clip_equals_the_offline_reference_with_timelines_and_heatmaps(served, preprocessor, model, i):
-    stub, engines = served
+    stub, engines = served[:2]
     request = pb.GenerateRequest(model=NAME, video=pb.VideoInput(data=clip_file(i)), attention=pb.AttentionOptions(
         mode=pb.ATTENTION_MODE_AGGREGATED, granularity=pb.ATTENTION_GRANULARITY_WORDS))
     response = stub.Generate(request, timeout=WAIT)
@@ -213,7 +214,7 @@ def test_a_batch_of_clips_equals_each_clip_alone(served, repo, mode):
 
 
 def test_model_info_states_the_frames_grid_and_limits(served):
-    stub, engines = served
+    stub, engines = served[:2]
     info = engines[NAME].info
     assert info.input_kind is InputKind.VIDEO and info.task == "video-captioning" and info.max_source_tokens == 64
     v = info.video
@@ -221,3 +222,29 @@ def test_model_info_states_the_frames_grid_and_limits(served):
     assert (v.max_seconds, v.max_bytes, v.max_pixels, v.max_frames) == tuple(LIMITS.values())
     wire = stub.GetModel(pb.GetModelRequest(name=NAME), timeout=WAIT)
     assert wire.input_kind == pb.INPUT_KIND_VIDEO and wire.video.max_frames == 60 and wire.video.frames == FRAMES
+
+
+# ---- the command line ----------------------------------------------------------------------------------
+
+
+def test_caption_command_prints_the_caption_and_timelines_and_draws_the_strip(served, tmp_path, capsys):
+    engines, address = served[1], served[2]
+    path, out = tmp_path / "clip.mp4", tmp_path / "frames.png"
+    path.write_bytes(clip_file(0))
+    assert cli.main(["caption", str(path), "--address", address, "--attention", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    result = engines[NAME].generate(GenerationRequest(NAME, video=VideoInput(clip_file(0)), attention=words()), WAIT)
+    assert lines[0] == result.text
+    assert lines[1:1 + len(result.frames)] == filmstrip.text_timelines(result.attention).splitlines()
+    peak = result.frames[0]
+    assert f"peak {peak.frame_seconds[peak.peak_frame]:.2f} s" in lines[1]
+    sheet = Image.open(out)
+    assert sheet.height == len(result.frames) * (128 + 24 + 6) + 6  # a line of 128-pixel frames per word
+    assert cli.main(["caption", str(path), "--address", address, "--json"]) == 0
+    assert json_text(capsys.readouterr().out) == result.text
+
+
+def json_text(out: str) -> str:
+    import json
+
+    return json.loads(out)["text"]

@@ -1,0 +1,116 @@
+"""Where a clip captioner looked, per word: a timeline over the sampled frames and a strip of the frames it
+looked at most, each with the word's attention over its cells drawn as a heatmap (Pillow).
+
+A video model's attention columns are (frame, cell) pairs labelled "f<t>@<seconds>s:r<row>c<col>:x0,y0,x1,y1"
+(server/video.py): frame t shows the clip at that time, the cell is a box of the model's input frame. The
+strip shows the clip's own frames at those times, decoded here as the server decodes them
+(server/video_files.py: PyAV for files, Pillow for stills).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from attnserve.clients.overlay import heat
+from attnserve.server.generation import AttentionMatrix
+
+_COLUMN = re.compile(r"^f(\d+)@([\d.]+)s:(r\d+c\d+:\d+,\d+,\d+,\d+)$")
+_BARS = " ▁▂▃▄▅▆▇█"
+
+
+def parse_columns(labels: Sequence[str]) -> tuple[list[float], list[str]]:
+    """The frames' times and one frame's cell labels, from (frame, cell) column labels.
+
+    Raises:
+        ValueError: a label is not a (frame, cell) column (the attention is not a video model's).
+    """
+    times: dict[int, float] = {}
+    cells: list[str] = []
+    for label in labels:
+        match = _COLUMN.match(label)
+        if match is None:
+            raise ValueError(f"attention column {label!r} is not a video (frame, cell) column (f<t>@<s>s:r<r>c<c>:...)")
+        frame = int(match.group(1))
+        times.setdefault(frame, float(match.group(2)))
+        if frame == 0:
+            cells.append(match.group(3))
+    if len(labels) != len(times) * len(cells):
+        raise ValueError(f"{len(labels)} columns do not fill {len(times)} frames of {len(cells)} cells")
+    return [times[t] for t in sorted(times)], cells
+
+
+def timelines(attention: AttentionMatrix) -> np.ndarray:
+    """(words, frames): each row's attention summed over every frame's cells."""
+    times, cells = parse_columns(attention.col_labels)
+    weights = np.asarray(attention.weights, dtype=np.float32).reshape(len(attention.row_labels), len(times), len(cells))
+    return weights.sum(-1)
+
+
+def text_timelines(attention: AttentionMatrix) -> str:
+    """One line per word: the word, a bar per frame (its share of the word's attention), the peak frame's time."""
+    times, _ = parse_columns(attention.col_labels)
+    lines, width = [], max((len(w.strip()) for w in attention.row_labels), default=0)
+    for word, row in zip(attention.row_labels, timelines(attention)):
+        bars = "".join(_BARS[min(int(v / max(row.max(), 1e-9) * (len(_BARS) - 1) + 0.5), len(_BARS) - 1)] for v in row)
+        peak = int(row.argmax())
+        lines.append(f"{word.strip():<{width}}  {bars}  peak {times[peak]:.2f} s ({row[peak]:.0%})")
+    return "\n".join(lines)
+
+
+def clip_frames(video, times: Sequence[float], side: int = 128) -> list[Image.Image]:
+    """The clip's frames showing at `times`, `side` pixels square (squeezed as the server squeezes them, so
+    the cells' boxes scale onto them), decoded as the server decodes.
+
+    Args:
+        video: the request's VideoInput (a file, or stills with their rate).
+    """
+    from attnserve.server.inputs import VideoInputSpec
+    from attnserve.server.video_files import frames_at, read_clip
+
+    # The server has checked the clip against its limits already; these only bound the drawing.
+    spec = VideoInputSpec(frames=len(times), height=side, width=side, channels=3, mean=(0.0,) * 3, std=(1.0,) * 3,
+                          grid_rows=1, grid_cols=1, max_seconds=3600.0, max_bytes=2**31, max_pixels=2**28,
+                          max_frames=100_000)
+    clip = read_clip(video, spec, "the clip")
+    return [Image.fromarray(f) for f in frames_at(clip, np.asarray(times))]
+
+
+def render(frames: Sequence[Image.Image], attention: AttentionMatrix, top: int = 3, panel: int = 128) -> Image.Image:
+    """One line per word: its label, its timeline as bars, and its `top` most-attended frames with heatmaps.
+
+    Args:
+        frames: the clip's frames at the times of the attention's columns, in order.
+        attention: the response's attention (rows: words; columns: (frame, cell) pairs).
+        panel: the longer side of each frame drawn, in pixels.
+    """
+    times, cells = parse_columns(attention.col_labels)
+    if len(frames) != len(times):
+        raise ValueError(f"{len(frames)} frames given for attention over {len(times)}")
+    from attnserve.clients.overlay import parse_cells
+
+    rows, cols, _, _ = parse_cells(cells)
+    weights = np.asarray(attention.weights, dtype=np.float32).reshape(len(attention.row_labels), len(times), -1)
+    scale = panel / max(frames[0].size)
+    shown = [f.convert("RGB").resize((max(1, round(f.width * scale)), max(1, round(f.height * scale))))
+             for f in frames]
+    font = ImageFont.load_default(size=12)
+    label_w, bars_w, line_h = 110, 8 * len(times) + 8, shown[0].height + 24
+    sheet = Image.new("RGB", (label_w + bars_w + top * (shown[0].width + 6) + 8,
+                              len(weights) * (line_h + 6) + 6), "white")
+    draw = ImageDraw.Draw(sheet)
+    for k, (word, grid) in enumerate(zip(attention.row_labels, weights)):
+        y = 6 + k * (line_h + 6)
+        line = grid.sum(-1)  # (T,) the timeline
+        draw.text((6, y + line_h // 2 - 6), word.strip(), fill="black", font=font)
+        for t, value in enumerate(line):  # bars from the bottom of the line, full height = weight 1
+            x = label_w + 8 * t
+            draw.rectangle([x, y + line_h - 4 - round(value * (line_h - 8)), x + 5, y + line_h - 4], fill=(200, 60, 0))
+        for j, t in enumerate(np.argsort(-line, kind="stable")[:top]):
+            x = label_w + bars_w + j * (shown[0].width + 6)
+            sheet.paste(heat(shown[t], grid[t], rows, cols), (x, y))
+            draw.text((x, y + shown[0].height + 4), f"{times[t]:.2f} s  {line[t]:.0%}", fill="black", font=font)
+    return sheet
