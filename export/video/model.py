@@ -13,8 +13,9 @@ The speller's first h and c come from the mean cell feature without positions or
 model: it starts knowing which objects are there and must look to learn what they do and when.
 
 Two training-only heads (not exported) give the features a direct signal, as the image model's presence head
-does: per cell, a score for each object, its maximum over every frame and cell trained to say which objects
-the caption names; and per frame, from the BiLSTM's state, whether an action is under way (the clip
+does: per cell, a score for each object, its maximum over each frame's cells trained to say which objects
+that frame shows (the clip generator knows when each object is visible, never where it is: no box reaches
+training); and per frame, from the BiLSTM's state, whether an action is under way (the clip
 generator's action windows). The speller then finds objects and actions by content.
 
 Nothing fixes the number of frames: the frame axis is dynamic in the exported encoder (docs/model-contract.md,
@@ -134,12 +135,12 @@ class VideoShowAttendTell(nn.Module):
         return memory, keys, h, c
 
     def forward(self, pixels: torch.Tensor, tgt_in: torch.Tensor):
-        """Teacher-forced pass: logits (B, U, V), attention (B, U, T*G), presence logits (B, objects) and
+        """Teacher-forced pass: logits (B, U, V), attention (B, U, T*G), presence logits (B, T, objects) and
         action logits (B, T)."""
         memory, plain, states = self.features(pixels)
         keys = self.speller.attention.keys(memory)
         h, c = self.speller.initial_state(plain.mean((1, 2)))
-        presence = self.presence(plain.flatten(1, 2)).amax(1)  # (B, objects)
+        presence = self.presence(plain).amax(2)  # (B, T, objects): each object's best cell in each frame
         action = self.action(states)[..., 0]  # (B, T)
         logits, weights = [], []
         for u in range(tgt_in.shape[1]):
