@@ -9,38 +9,28 @@ strip shows the clip's own frames at those times, decoded here as the server dec
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from attnserve.clients.columns import GridCell, frame_cells
 from attnserve.clients.overlay import heat
 from attnserve.server.generation import AttentionMatrix
 
-_COLUMN = re.compile(r"^f(\d+)@([\d.]+)s:(r\d+c\d+:\d+,\d+,\d+,\d+)$")
 _BARS = " ▁▂▃▄▅▆▇█"
 
 
-def parse_columns(labels: Sequence[str]) -> tuple[list[float], list[str]]:
-    """The frames' times and one frame's cell labels, from (frame, cell) column labels.
+def parse_columns(labels: Sequence[str]) -> tuple[list[float], list[GridCell]]:
+    """The frames' times and one frame's grid cells, from (frame, cell) column labels.
 
     Raises:
-        ValueError: a label is not a (frame, cell) column (the attention is not a video model's).
+        ValueError: the labels are not whole frames of (frame, cell) columns (not a video model's attention).
     """
-    times: dict[int, float] = {}
-    cells: list[str] = []
-    for label in labels:
-        match = _COLUMN.match(label)
-        if match is None:
-            raise ValueError(f"attention column {label!r} is not a video (frame, cell) column (f<t>@<s>s:r<r>c<c>:...)")
-        frame = int(match.group(1))
-        times.setdefault(frame, float(match.group(2)))
-        if frame == 0:
-            cells.append(match.group(3))
-    if len(labels) != len(times) * len(cells):
-        raise ValueError(f"{len(labels)} columns do not fill {len(times)} frames of {len(cells)} cells")
-    return [times[t] for t in sorted(times)], cells
+    found = frame_cells(labels)
+    if found is None:
+        raise ValueError("the attention columns are not whole frames of (frame, cell) columns (f<t>@<s>s:r<r>c<c>:...)")
+    return found
 
 
 def timelines(attention: AttentionMatrix) -> np.ndarray:
@@ -90,9 +80,7 @@ def render(frames: Sequence[Image.Image], attention: AttentionMatrix, top: int =
     times, cells = parse_columns(attention.col_labels)
     if len(frames) != len(times):
         raise ValueError(f"{len(frames)} frames given for attention over {len(times)}")
-    from attnserve.clients.overlay import parse_cells
-
-    rows, cols, _, _ = parse_cells(cells)
+    rows, cols = max(c.row for c in cells) + 1, max(c.col for c in cells) + 1
     weights = np.asarray(attention.weights, dtype=np.float32).reshape(len(attention.row_labels), len(times), -1)
     scale = panel / max(frames[0].size)
     shown = [f.convert("RGB").resize((max(1, round(f.width * scale)), max(1, round(f.height * scale))))

@@ -248,3 +248,28 @@ def json_text(out: str) -> str:
     import json
 
     return json.loads(out)["text"]
+
+
+# ---- the web gateway -----------------------------------------------------------------------------------
+
+
+def test_the_gateway_captions_an_uploaded_clip_with_its_frames_and_timelines(served):
+    pytest.importorskip("aiohttp", reason="the web gateway needs the `web` extra (aiohttp)")
+    import json
+    import urllib.request
+
+    from gateway_thread import BackgroundGateway
+
+    engines, address = served[1], served[2]
+    with BackgroundGateway(address) as web:
+        for content_type, data in (("video/mp4", clip_file(0)), ("video/gif", clip_file(3))):
+            request = urllib.request.Request(f"{web.url}/api/generate?model={NAME}", data=data,
+                                             headers={"Content-Type": content_type})
+            with urllib.request.urlopen(request, timeout=WAIT) as response:
+                body = json.loads(response.read())
+            alone = engines[NAME].generate(GenerationRequest(NAME, video=VideoInput(data), attention=words()), WAIT)
+            assert body["text"] == alone.text and body["columns"]["kind"] == "frames"
+            assert body["columns"]["times"] == pytest.approx(alone.frames[0].frame_seconds, abs=1e-3)
+            assert body["columns"]["boxes"][:2] == [[0, 0, 4, 4], [4, 0, 8, 4]] and len(body["columns"]["boxes"]) == 16
+            np.testing.assert_allclose([f["timeline"] for f in body["frames"]], [f.timeline for f in alone.frames],
+                                       atol=1e-6)

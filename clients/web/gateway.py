@@ -26,7 +26,14 @@ from collections.abc import AsyncIterator, Sequence
 from aiohttp import web
 
 from attnserve.clients import languages
-from attnserve.clients.client import AsyncClient, AttnServeError, audio_request, image_request, translation_request
+from attnserve.clients.client import (
+    AsyncClient,
+    AttnServeError,
+    audio_request,
+    image_request,
+    translation_request,
+    video_request,
+)
 from attnserve.clients.web import payload
 from attnserve.server import convert
 
@@ -50,7 +57,8 @@ _HTTP_STATUS = {
     "UNAVAILABLE": 503,
     "DEADLINE_EXCEEDED": 504,
 }
-_MEDIA = {"audio": audio_request, "image": image_request}
+# Content type -> request builder; the page sends an animated GIF for a video model as video/gif.
+_MEDIA = {"audio": audio_request, "image": image_request, "video": video_request}
 
 
 def make_app(address: str | Sequence[str], **client_options) -> web.Application:
@@ -128,7 +136,7 @@ async def _generate(request: web.Request) -> web.Response:
         generation_request = _MEDIA[kind](await request.read(), **options)
     else:
         return _error("INVALID_ARGUMENT", f"cannot send {request.content_type or 'a body without a type'}: "
-                      "send JSON text, audio/wav or an image")
+                      "send JSON text, audio/wav, an image or a video")
     result = await client.generate(generation_request)
     return web.json_response(payload.result_json(result))
 

@@ -3,7 +3,7 @@ import { show } from "./attention.js";
 import { blobToWav } from "./wav.js";
 
 const $ = (id) => document.getElementById(id);
-const INPUTS = { text: "text-input", audio: "audio-input", image: "image-input" };
+const INPUTS = { text: "text-input", audio: "audio-input", image: "image-input", video: "video-input" };
 let models = [];
 let recorder = null;
 
@@ -103,6 +103,15 @@ function sendImage() {
   run({ model: $("model").value }, file, file.type || "image/png", { url: URL.createObjectURL(file), width, height });
 }
 
+function sendVideo() {
+  const file = $("video-file").files[0];
+  if (!file) return;
+  const { width, height } = selected().video;
+  const gif = file.type === "image/gif";  // sent as video/gif, so the gateway routes it to the video model
+  run({ model: $("model").value }, file, gif ? "video/gif" : file.type || "video/mp4",
+    { url: URL.createObjectURL(file), width, height, gif });
+}
+
 async function start() {
   try {
     models = await api("/api/models");
@@ -117,6 +126,7 @@ async function start() {
   $("record").addEventListener("click", toggleRecording);
   $("audio-file").addEventListener("change", () => $("audio-file").files[0] && sendAudio($("audio-file").files[0]));
   $("image-file").addEventListener("change", sendImage);
+  $("video-file").addEventListener("change", sendVideo);
   document.body.dataset.ready = "true";
 }
 

@@ -1,6 +1,7 @@
 // The interactive attention view: output words above, what they looked at below (source words, a time
-// line of the audio, or cells over the image). Hovering output word i shades column j by
-// weights[i][j] relative to the row's largest weight, and for audio marks the word's time span.
+// line of the audio, cells over the image, or a clip's frames). Hovering output word i shades column j by
+// weights[i][j] relative to the row's largest weight, and for audio marks the word's time span; for a clip it
+// draws the word's timeline (its attention per frame) and shows its most-attended frame with its heatmap.
 
 const $ = (id) => document.getElementById(id);
 
@@ -15,6 +16,7 @@ export function show(result, image) {
   $("source").hidden = $("source-heading").hidden = kind !== "text";
   $("timeline").hidden = kind !== "time";
   $("picture").hidden = kind !== "grid";
+  $("clip").hidden = kind !== "frames";
   $("span-mark").style.display = "none";
   $("reduction").textContent = attention ? attention.reduction : "";
 
@@ -29,8 +31,16 @@ export function show(result, image) {
     $("image").src = image.url;
     columns = gridCells(result.columns.boxes, image.width, image.height);
     $("cells").replaceChildren(...columns);
+  } else if (kind === "frames") {
+    columns = showClip(result.columns, image);
   }
   if (!attention) return;
+  if (kind === "frames") {
+    for (const [i, element] of [...$("output").children].entries()) {
+      element.addEventListener("mouseenter", () => highlightFrames(i, result.frames[i], columns));
+    }
+    return;
+  }
   const end = kind === "time" ? result.columns.spans.at(-1)[1] : 0;
   for (const [i, element] of [...$("output").children].entries()) {
     element.addEventListener("mouseenter", () => highlight(i, attention.weights[i], columns, result.words[i], end));
@@ -89,4 +99,41 @@ function highlight(i, row, columns, timing, end) {
   } else {
     mark.style.display = "none";
   }
+}
+
+// A clip: one bar per sampled frame (the timeline) and the frame itself (the video seeked to its time, or
+// the animated GIF) under one frame's grid of cells. Returns {bars, cells} for highlightFrames.
+function showClip(columns, media) {
+  const video = $("clip-video");
+  $("clip-gif").hidden = !media.gif;
+  video.hidden = media.gif;
+  if (media.gif) $("clip-gif").src = media.url;
+  else video.src = media.url;
+  const bars = columns.times.map((t) => {
+    const bar = document.createElement("div");
+    bar.title = `${t.toFixed(2)} s`;
+    return bar;
+  });
+  const cells = gridCells(columns.boxes, media.width, media.height);
+  $("frame-bars").replaceChildren(...bars);
+  $("frame-cells").replaceChildren(...cells);
+  return { bars, cells };
+}
+
+function highlightFrames(i, frame, { bars, cells }) {
+  for (const element of $("output").children) element.classList.toggle("active", element.dataset.row === String(i));
+  const most = Math.max(...frame.timeline) || 1;
+  bars.forEach((bar, t) => {
+    bar.style.height = `${((frame.timeline[t] / most) * 100).toFixed(1)}%`;
+    bar.classList.toggle("peak", t === frame.peak_frame);
+  });
+  const peak = Math.max(...frame.heatmap) || 1;
+  cells.forEach((cell, j) => {
+    cell.dataset.weight = frame.heatmap[j].toFixed(4);
+    cell.style.setProperty("--w", (frame.heatmap[j] / peak).toFixed(3));
+  });
+  const seconds = frame.frame_seconds[frame.peak_frame];
+  if (!$("clip-video").hidden) $("clip-video").currentTime = seconds;
+  $("frame-label").textContent = `${frame.word}: frame ${frame.peak_frame + 1} of ${frame.timeline.length} ` +
+    `(${seconds.toFixed(2)} s), ${(frame.timeline[frame.peak_frame] * 100).toFixed(0)}% of its attention`;
 }
