@@ -260,6 +260,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     opts = TrainOptions(batch_size=args.batch_size, lr=args.lr, checkpoint_minutes=args.checkpoint_minutes)
     cfg = VideoCaptionerConfig(frame_size=args.frame_size, stages=tuple(args.stages))
+    if objects.CLDR_ANNOTATIONS.exists():  # Debian unicode-cldr-core: the names are CLDR's, as for images
+        objects.check_names(objects=clips.OBJECT_SET)
     sprites = objects.render_sprites(objects=clips.OBJECT_SET)
     train(sprites, args.run, args.minutes, cfg, opts)
 
