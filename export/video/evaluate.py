@@ -53,10 +53,11 @@ def attention_of(result, cells: int) -> np.ndarray:
 
 def score_split(hypotheses: list[str], attentions: list[np.ndarray], drawn: list[clips.Clip], grid: int) -> dict:
     references = [c.caption for c in drawn]
-    temporal, spatial = [], []
+    temporal, spatial, overlap = [], [], []
     for text, attention, clip in zip(hypotheses, attentions, drawn):
         temporal += scoring.temporal_trials(text.split(), attention, clip)
         spatial += scoring.spatial_trials(text.split(), attention, clip, grid)
+        overlap += scoring.spatial_trials(text.split(), attention, clip, grid, overlap=True)
     events = collections.defaultdict(list)
     for i, clip in enumerate(drawn):
         events[clip.event].append(i)
@@ -73,6 +74,8 @@ def score_split(hypotheses: list[str], attentions: list[np.ndarray], drawn: list
         "temporal_by_verb": {v: _mean(m) for v, m in sorted(verbs.items())},
         "spatial_pointing": _mean([t.hit for t in spatial]),
         "spatial_chance": _mean([t.chance for t in spatial]),
+        "spatial_pointing_overlap": _mean([t.hit for t in overlap]),
+        "spatial_overlap_chance": _mean([t.chance for t in overlap]),
         "spatial_trials": len(spatial),
         "exact_by_event": {e: scoring.exact_match([hypotheses[i] for i in ids], [references[i] for i in ids])
                            for e, ids in sorted(events.items())},

@@ -24,11 +24,12 @@ TARGETS = {"exact": (0.9, 0.8), "temporal": 0.7, "spatial": 0.8}
 
 def score_lines(scores: dict) -> list[str]:
     lines = ["| split | clips | exact match | BLEU | temporal pointing (verbs) | chance | spatial pointing (names) "
-             "| chance |", "|---|---|---|---|---|---|---|---|"]
+             "| chance | cell overlaps box | chance |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in scores["splits"].items():
         lines.append(f"| {name} | {s['clips']:,} | {s['exact']:.1%} | {s['bleu']:.1f} | {s['temporal_pointing']:.1%} "
                      f"({s['temporal_trials']:,} verbs) | {s['temporal_chance']:.1%} | {s['spatial_pointing']:.1%} "
-                     f"({s['spatial_trials']:,} name words) | {s['spatial_chance']:.1%} |")
+                     f"({s['spatial_trials']:,} name words) | {s['spatial_chance']:.1%} "
+                     f"| {s['spatial_pointing_overlap']:.1%} | {s['spatial_overlap_chance']:.1%} |")
     events = sorted({e for s in scores["splits"].values() for e in s["exact_by_event"]})
     lines += ["", "| split | " + " | ".join(events) + " |", "|---|" + "---|" * len(events)]
     for name, s in scores["splits"].items():
@@ -105,7 +106,8 @@ def card(ckpt: dict, scores: dict, parity: dict, model_dir: pathlib.Path) -> str
         "Temporal pointing: each verb word of a generated caption is a trial, scored by the share of its attention "
         "mass on the frames inside that verb's action window; chance is the share of frames inside it (attention "
         "spread evenly). Spatial pointing: each word of an object's name hits when its most-attended (frame, cell) "
-        "has its centre in that object's box in that frame; chance is the share of positions that would hit. A "
+        "has its centre in that object's box in that frame (or, the looser reading, overlaps it); chance is the share "
+        "of positions that would hit. A "
         "word naming an object (or a verb) the clip does not hold scores 0.", "",
         "## Examples (test split): each word's attention per frame", "", *example_lines(scores), "",
         "## Parity (ONNX Runtime against PyTorch, largest absolute difference)", "",

@@ -9,7 +9,8 @@ attention spread evenly over the clip would score.
 
 Spatial pointing: every word of an object's name is one trial, as for images; it hits when the (frame, cell)
 the word attended to most has its centre inside the box of an object of that name visible in that frame.
-Chance is the share of (frame, cell) positions that would hit.
+Chance is the share of (frame, cell) positions that would hit. `overlap=True` counts a hit when the cell
+merely overlaps the box (the looser reading the image captioner reports beside).
 """
 
 from __future__ import annotations
@@ -59,11 +60,12 @@ def temporal_trials(words: Sequence[str], attention: np.ndarray, clip: Clip) -> 
     return trials
 
 
-def spatial_trials(words: Sequence[str], attention: np.ndarray, clip: Clip, grid: int) -> list[SpatialTrial]:
+def spatial_trials(words: Sequence[str], attention: np.ndarray, clip: Clip, grid: int, overlap: bool = False
+                   ) -> list[SpatialTrial]:
     """One trial per object-name word; attention (words, T, grid * grid)."""
     frames = attention.shape[1]
     times = sample_times(clip.duration, frames)
-    hits = [_hit_cells(clip, float(t), grid) for t in times]  # per frame: name -> (G,) bool
+    hits = [_hit_cells(clip, float(t), grid, overlap) for t in times]  # per frame: name -> (G,) bool
     trials = []
     for name, positions in mentions(words):
         where = np.stack([h.get(name, np.zeros(grid * grid, bool)) for h in hits])  # (T, G)
@@ -75,12 +77,18 @@ def spatial_trials(words: Sequence[str], attention: np.ndarray, clip: Clip, grid
     return trials
 
 
-def _hit_cells(clip: Clip, t: float, grid: int) -> dict[str, np.ndarray]:
-    """Name -> (grid * grid,) whether each cell's centre lies in a visible box of that name at time t."""
-    centres = (np.arange(grid) + 0.5) / grid
-    cx, cy = np.meshgrid(centres, centres)  # (grid, grid): column and row centres
+def _hit_cells(clip: Clip, t: float, grid: int, overlap: bool) -> dict[str, np.ndarray]:
+    """Name -> (grid * grid,) whether each cell's centre lies in (or the cell overlaps) a visible box of that
+    name at time t."""
+    lo = np.arange(grid) / grid
+    cx, cy = np.meshgrid(lo, lo)  # (grid, grid): each cell's left and top edge
     out: dict[str, np.ndarray] = {}
     for name, (x0, y0, x1, y1) in clip.boxes(t):
-        inside = ((cx >= x0) & (cx < x1) & (cy >= y0) & (cy < y1)).reshape(-1)
+        if overlap:
+            inside = (cx < x1) & (cx + 1 / grid > x0) & (cy < y1) & (cy + 1 / grid > y0)
+        else:
+            mx, my = cx + 0.5 / grid, cy + 0.5 / grid
+            inside = (mx >= x0) & (mx < x1) & (my >= y0) & (my < y1)
+        inside = inside.reshape(-1)
         out[name] = out.get(name, np.zeros_like(inside)) | inside
     return out
