@@ -36,7 +36,8 @@ import numpy as np
 from attnserve.clients.client import AsyncClient
 from attnserve.server.app import BackgroundServer
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import ModelEngine, load_engines
+from attnserve.server.engine import ModelEngine
+from attnserve.server.registry import load_engines
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
@@ -243,7 +244,7 @@ def report(args: argparse.Namespace, engine: ModelEngine, runs: dict[str, list[R
         "repeats": args.repeats,
         "threads": args.threads,
         "max_batch_size": args.max_batch_size,
-        "batching": "continuous" if BatchingOptions().continuous else f"window {BatchingOptions().window_seconds * 1e3} ms",
+        "batching": "continuous" if BatchingOptions().continuous else f"window {BatchingOptions().window_ms} ms",
         "attention": "none" if args.no_attention else "words",
         "source_tokens": sum(len(r.source_tokens) for r in sequential[0].results),
         **{way: median_run(ways).summary() for way, ways in runs.items()},

@@ -16,10 +16,12 @@ import time
 
 import numpy as np
 
-from attnserve.server.decoding import Batch, chosen_logprobs, log_softmax
+from attnserve.server.batch import Batch
 from attnserve.server.generation import GenerationRequest
-from attnserve.server.preprocessing import create
+from attnserve.server.log_softmax import log_softmax
+from attnserve.server.preprocessors import create
 from attnserve.server.repository import find_models, open_runtime
+from attnserve.server.search import chosen_logprobs
 from attnserve.server.tokenization import Tokenizer
 
 SENTENCE = "Open the File menu, then choose Save to keep the current document."

@@ -45,9 +45,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import sentences  # bench/, beside this script
 from attnserve.clients.client import AsyncClient
-from attnserve.server.engine import load_engine
 from attnserve.server.generation import GenerationRequest, GenerationResult
-from attnserve.server.repository import find_models
+from attnserve.server.registry import open_model
 
 STARTUP_SECONDS = 120
 
@@ -164,7 +163,7 @@ async def paired_latency_ms(address: str, models: pathlib.Path, model: str, requ
     """The same `count` requests one at a time, each sent three ways in turn: `ModelEngine.generate` in this
     process, unary `Generate` and `GenerateStream` (read to its end) over gRPC; each way's median latency.
     Interleaving per request, in a rotating order, keeps a slow spell of the machine from favouring one way."""
-    engine = load_engine(find_models(models, only=[model])[model])
+    engine = open_model(models, model)
     times = {"in_process": [], "grpc_unary": [], "grpc_stream": []}
     try:
         async with AsyncClient(address, timeout=600) as client:

@@ -16,8 +16,8 @@ import statistics
 import time
 
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engines
 from attnserve.server.generation import DecodingOptions, GenerationRequest
+from attnserve.server.registry import load_engines
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.server.scheduler import SchedulingOptions
 

@@ -43,8 +43,8 @@ import sentences  # bench/, beside this script
 from attnserve.export.model import Transformer, TransformerConfig, sinusoidal_positions
 from attnserve.export.recover_weights import recover
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine
 from attnserve.server.generation import GenerationRequest
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 

@@ -21,8 +21,8 @@ import threading
 
 from gpu_serving import read_requests  # bench/ is the script's folder
 
-from attnserve.server.engine import load_engine
 from attnserve.server.generation import GenerationRequest
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 

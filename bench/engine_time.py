@@ -4,7 +4,7 @@
     .venv/bin/python bench/engine_time.py                       # translate-zh-en, 32 clients, 15 s
     .venv/bin/python bench/engine_time.py --clients 8 --seconds 30
 
-Each row is an operation of server/decoding.py (the encoder and decoder calls inside `build` and `step`
+Each row is an operation of server/batch.py (the encoder and decoder calls inside `build` and `step`
 are also shown alone): its share of the wall time, how often it ran and its mean time per call. The
 operations are wrapped in place for the run, which adds about a microsecond per call. Requests admitted while
 a batch runs are encoded on a second thread (`build`) beside the decoder steps, so the shares can add up to
@@ -22,12 +22,11 @@ import threading
 import time
 
 from attnserve.export.train import read_pairs
-from attnserve.server import decoding, kv_cache, runtime, slots
-from attnserve.server.engine import load_engine
+from attnserve.server import batch, kv_cache, runtime, slots
 from attnserve.server.generation import GREEDY, GenerationRequest
-from attnserve.server.repository import find_models
+from attnserve.server.registry import open_model
 
-TIMED = [(decoding.Batch, "build"), (decoding.Batch, "step"), (decoding.Batch, "select"), (decoding.Batch, "merge"),
+TIMED = [(batch.Batch, "build"), (batch.Batch, "step"), (batch.Batch, "select"), (batch.Batch, "merge"),
          (runtime.Runtime, "encode"), (runtime.Runtime, "decode_step"), (kv_cache.AppendCache, "gather"),
          (slots.Slots, "gather"), (slots.Slots, "place"), (slots.Slots, "copy")]
 
@@ -67,7 +66,7 @@ def main() -> None:
     seconds, calls = collections.Counter(), collections.Counter()
     for cls, name in TIMED:
         timed(seconds, calls, cls, name)
-    engine = load_engine(find_models(args.models, only=[args.model])[args.model])
+    engine = open_model(args.models, args.model)
     for request in requests[:8]:
         engine.generate(request, 60)  # warm-up
     seconds.clear()

@@ -24,8 +24,8 @@ import time
 import traceback
 
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine
 from attnserve.server.generation import DecodingOptions, GenerationRequest
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.server.scheduler import SchedulingOptions

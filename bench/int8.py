@@ -21,8 +21,8 @@ import time
 
 from attnserve.export.train import read_pairs
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine
 from attnserve.server.generation import GREEDY, GenerationRequest
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 

@@ -21,7 +21,7 @@ import time
 
 import sentences  # bench/, beside this script
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.server.scheduler import SchedulingOptions

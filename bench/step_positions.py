@@ -21,10 +21,9 @@ import time
 
 import numpy as np
 
-from attnserve.server.decoding import Batch
-from attnserve.server.engine import load_engine
+from attnserve.server.batch import Batch
 from attnserve.server.generation import GenerationRequest
-from attnserve.server.repository import find_models
+from attnserve.server.registry import open_model
 
 SENTENCE = "The file could not be opened because it is in use by another program."
 STEPS = 210
@@ -51,7 +50,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
-    engines = {str(repo): load_engine(find_models(repo)[args.model]) for repo in args.models}
+    engines = {str(repo): open_model(repo, args.model) for repo in args.models}
     samples = {(repo, b, p): [] for repo in engines for b in args.batch for p in WINDOWS}
     try:
         for _ in range(args.repeats):

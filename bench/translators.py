@@ -23,13 +23,17 @@ import time
 
 import numpy as np
 
+from attnserve.server.batch import Batch
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.decoding import Batch, GreedySearch, PreparedRequest, decode
-from attnserve.server.engine import ModelEngine, load_engine
+from attnserve.server.decoding import decode
+from attnserve.server.engine import ModelEngine
 from attnserve.server.generation import DecodingOptions, GenerationRequest
+from attnserve.server.prepared import PreparedRequest
 from attnserve.server.preprocessing import TextSource
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.search import GreedySearch
 
 # Output positions whose step time is reported (each bucket's median over the steps in it).
 POSITION_BUCKETS = [(0, 16), (16, 64), (64, 128), (128, 256)]
@@ -99,7 +103,7 @@ def main() -> None:
 
     names = args.models.split(",")
     found = find_models(args.repository)
-    batching = BatchingOptions(max_batch_size=32, window_seconds=0.005, max_queue_size=1024)
+    batching = BatchingOptions(max_batch_size=32, window_ms=5.0, max_queue_size=1024)
     engines = {n: load_engine(found[n], RuntimeOptions(intra_op_threads=args.threads), batching) for n in names}
     sentences = read_sentences(args.split, args.sentences)
     try:

@@ -38,7 +38,16 @@ from attnserve.clients.client import (
     translation_request,
     video_request,
 )
-from attnserve.server.generation import GenerationRequest, GenerationResult, InputKind, ModelInfo, SamplingOptions
+from attnserve.server.generation import (
+    AttentionOptions,
+    AttentionReduction,
+    DecodingOptions,
+    GenerationRequest,
+    GenerationResult,
+    InputKind,
+    ModelInfo,
+    SamplingOptions,
+)
 
 
 _CLIENT_DESCRIPTION = (
@@ -90,29 +99,53 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     else:
         parser = argparse.ArgumentParser(prog="attnserve-client", description=_CLIENT_DESCRIPTION)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-
     if server_commands:
-        serve = commands.add_parser("serve", help="serve a model repository over gRPC")
-        # The flags and their defaults live beside the server's options (server/serve_options.py).
-        from attnserve.server import serve_options
+        _add_serve(commands)
+    _add_translate(commands)
+    _add_compare(commands)
+    _add_transcribe(commands)
+    _add_caption(commands)
+    _add_status(commands)
+    if server_commands:
+        _add_web(commands)
+    return parser
 
-        serve_options.add_arguments(serve)
-        serve.set_defaults(run=_serve)
 
+# Every option the CLI leaves unset (None) takes the request contract's default (server/generation.py); the
+# help texts read them from there.
+_DECODING, _ATTENTION = DecodingOptions(), AttentionOptions()
+_TO_HELP = ("target language (default: asked from the server: the model's only target language, else the one "
+            "the text is not written in)")
+_BEAM_HELP = ("1 = greedy search, more = beam search, up to the server's limit (see `attnserve models`); "
+              "default: the model's")
+
+
+def _add_serve(commands) -> None:
+    serve = commands.add_parser("serve", help="serve a model repository over gRPC")
+    # The flags and their defaults live beside the server's options (server/serve_options.py).
+    from attnserve.server import serve_options
+
+    serve_options.add_arguments(serve)
+    serve.set_defaults(run=_serve)
+
+
+def _add_granularity(parser: argparse.ArgumentParser) -> None:
+    """--words (the CLI's default: a terminal heatmap reads best by words) or --pieces (the contract's)."""
+    grouping = parser.add_mutually_exclusive_group()
+    grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
+    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
+    parser.set_defaults(granularity="words")
+
+
+def _add_translate(commands) -> None:
     translate = commands.add_parser("translate", help="translate text and optionally show the attention")
     translate.add_argument("text")
-    translate_to = translate.add_argument(
-        "--to",
-        help="target language (default: asked from the server: the model's only target language, else the one "
-        "the text is not written in)",
-    )
+    translate.add_argument("--to", help=_TO_HELP)
     translate.add_argument(
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
         help="also draw the attention heatmap: in the terminal, or as a PNG (matplotlib) given a path",
     )
-    grouping = translate.add_mutually_exclusive_group()
-    grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
-    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
+    _add_granularity(translate)
     translate.add_argument(
         "--layer", type=int, help="decoder layer; negative counts from the last (default: the model's choice)"
     )
@@ -121,21 +154,20 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         help="heads of that layer to combine, e.g. 0,2 (negative counts from the last; default: all)",
     )
     translate.add_argument(
-        "--head-reduction", choices=["mean", "max"], default="mean",
-        help="combine the heads by their mean (default: rows sum to 1) or maximum (what any one head looked at)",
+        "--head-reduction", choices=[r.value for r in AttentionReduction],
+        help=f"combine the heads by their mean (rows sum to 1) or maximum (what any one head looked at); "
+             f"default: {_ATTENTION.reduction.value}",
     )
-    translate.add_argument("--max-tokens", type=int, default=0, help="0 = the model's limit")
+    translate.add_argument("--max-tokens", type=int, help="most new tokens (default: the model's limit)")
+    translate.add_argument("--beam-size", type=int, help=f"{_BEAM_HELP}, with --nbest N at least N")
     translate.add_argument(
-        "--beam-size", type=int, default=0,
-        help="1 = greedy search, up to 16; default: the model's (see `attnserve models`), with --nbest N at least N",
+        "--nbest", type=int, metavar="N",
+        help=f"also print the N best translations with their scores (default: {_DECODING.num_return_sequences})",
     )
     translate.add_argument(
-        "--nbest", type=int, default=1, metavar="N", help="also print the N best translations with their scores"
-    )
-    translate.add_argument(
-        "--reverse-weight", type=float, default=0.0, metavar="W",
-        help="rerank the beam's candidates by how well each translates back into the source (0.1 suits "
-             "translate-zh-en; about twice the compute; not with --stream); default 0: off",
+        "--reverse-weight", type=float, metavar="W",
+        help=f"rerank the beam's candidates by how well each translates back into the source (0.1 suits "
+             f"translate-zh-en; about twice the compute; not with --stream); default {_DECODING.reverse_weight}: off",
     )
     sampling = translate.add_argument_group("sampling (with --sample)")
     sampling.add_argument("--sample", action="store_true", help="draw each token at random instead of searching")
@@ -147,48 +179,54 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     translate.add_argument("--json", action="store_true", help="print the whole response as JSON")
     translate.add_argument("--stream", action="store_true", help="print the output as it is decoded")
     _add_address(translate)
-    translate.set_defaults(run=_translate, granularity="words")
+    translate.set_defaults(run=_translate)
 
+
+def _add_compare(commands) -> None:
     compare = commands.add_parser(
         "compare", help="translate with several models and show their attention heatmaps side by side"
     )
     compare.add_argument("text")
-    compare.add_argument("--to", help=translate_to.help)
+    compare.add_argument("--to", help=_TO_HELP)
     compare.add_argument(
         "--models", help="comma-separated model names, two or more (default: every served translation model)"
     )
-    grouping = compare.add_mutually_exclusive_group()
-    grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
-    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
+    _add_granularity(compare)
     compare.add_argument("--json", action="store_true", help="print every model's whole response, keyed by model")
     _add_address(compare)
-    compare.set_defaults(run=_compare, granularity="words")
+    compare.set_defaults(run=_compare)
 
+
+def _add_transcribe(commands) -> None:
     transcribe = commands.add_parser("transcribe", help="transcribe a WAV file, with each word's time span")
     transcribe.add_argument("file", help="a WAV file (16/32-bit PCM or float, any common rate); - reads stdin")
     transcribe.add_argument(
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
         help="show each word's time span and its attention over time: in the terminal, or as a PNG given a path",
     )
-    transcribe.add_argument("--beam-size", type=int, default=0,
-                            help="1 = greedy search, up to 16; default: the model's (see `attnserve models`)")
-    transcribe.add_argument("--model", help="a served audio model (default: the first one the server lists)")
-    transcribe.add_argument("--json", action="store_true", help="print the whole response as JSON")
-    _add_address(transcribe)
+    _add_media_options(transcribe, "audio")
     transcribe.set_defaults(run=_transcribe)
 
+
+def _add_caption(commands) -> None:
     caption = commands.add_parser("caption", help="caption an image or a video clip, with each word's attention")
     caption.add_argument("file", help="a PNG or JPEG image, or an MP4, WebM or GIF clip; - reads stdin")
     caption.add_argument("--attention", type=_png_path, metavar="OUT.png",
                          help="write each word's attention heatmap: one panel per word (an image), or per word "
                               "its timeline over the frames and its most-attended frames (a clip)")
-    caption.add_argument("--beam-size", type=int, default=0,
-                         help="1 = greedy search, up to 16; default: the model's (see `attnserve models`)")
-    caption.add_argument("--model", help="a served image model (default: the first one the server lists)")
-    caption.add_argument("--json", action="store_true", help="print the whole response as JSON")
-    _add_address(caption)
+    _add_media_options(caption, "image or video")
     caption.set_defaults(run=_caption)
 
+
+def _add_media_options(parser: argparse.ArgumentParser, kind: str) -> None:
+    """What every command for a media model shares: the search, the model, JSON output, the server."""
+    parser.add_argument("--beam-size", type=int, help=_BEAM_HELP)
+    parser.add_argument("--model", help=f"a served {kind} model (default: the first one the server lists)")
+    parser.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    _add_address(parser)
+
+
+def _add_status(commands) -> None:
     models = commands.add_parser("models", help="list the served models")
     _add_address(models)
     models.set_defaults(run=_models)
@@ -198,13 +236,13 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     _add_address(health)
     health.set_defaults(run=_health)
 
-    if server_commands:
-        web = commands.add_parser("web", help="serve the browser demo, an HTTP gateway to the server at --address")
-        web.add_argument("--host", default="127.0.0.1", help="interface of the page (default: %(default)s)")
-        web.add_argument("--port", type=int, default=8080, help="HTTP port of the page (default: %(default)s)")
-        _add_address(web)
-        web.set_defaults(run=_web)
-    return parser
+
+def _add_web(commands) -> None:
+    web = commands.add_parser("web", help="serve the browser demo, an HTTP gateway to the server at --address")
+    web.add_argument("--host", default="127.0.0.1", help="interface of the page (default: %(default)s)")
+    web.add_argument("--port", type=int, default=8080, help="HTTP port of the page (default: %(default)s)")
+    _add_address(web)
+    web.set_defaults(run=_web)
 
 
 def _add_address(parser: argparse.ArgumentParser) -> None:
@@ -272,7 +310,7 @@ def _translate(args: argparse.Namespace) -> None:
             granularity=args.granularity,
             layer=args.layer,
             max_new_tokens=args.max_tokens,
-            beam_size=args.beam_size,  # 0: the model's default (the server raises it to --nbest)
+            beam_size=args.beam_size,  # None: the model's default (the server raises it to --nbest)
             model=args.model,
             num_return_sequences=args.nbest,
             sampling=sampling,

@@ -77,57 +77,65 @@ def translation_request(
     text: str,
     to: str = "",
     attention: bool = False,
-    granularity: str = "words",
+    granularity: str | None = None,
     layer: int | None = None,
-    max_new_tokens: int = 0,
+    max_new_tokens: int | None = None,
     model: str = DEFAULT_MODEL,
-    beam_size: int = 0,
+    beam_size: int | None = None,
     request_id: str = "",
-    num_return_sequences: int = 1,
+    num_return_sequences: int | None = None,
     sampling: SamplingOptions | None = None,
     heads: Sequence[int] = (),
-    reduction: str = "mean",
-    reverse_weight: float = 0.0,
+    reduction: str | None = None,
+    reverse_weight: float | None = None,
 ) -> GenerationRequest:
     """Builds the request `translate` sends; pass it to `stream` to watch the tokens arrive.
+
+    Every option left None takes the default of `DecodingOptions` / `AttentionOptions` (the request
+    contract, server/generation.py), so a client states only what it changes.
 
     Args:
         text: source text.
         to: target language code, e.g. "en" or "zh-TW"; "" = the model's first target language.
         attention: whether to return the attention matrix.
-        granularity: "words" or "pieces".
+        granularity: "words" or "pieces"; None = pieces (AttentionOptions' default).
         layer: decoder layer to read; negative counts from the last; None = the model's default layer.
-        max_new_tokens: upper bound on generated tokens; 0 = the model's limit.
+        max_new_tokens: upper bound on generated tokens; None (or 0) = the model's limit.
         model: served model name.
-        beam_size: 1 = greedy search, more = beam search; 0 = the model's default (ModelInfo.default_beam_size).
+        beam_size: 1 = greedy search, more = beam search; None (or 0) = the model's default
+            (ModelInfo.default_beam_size).
         request_id: echoed in server logs.
-        num_return_sequences: > 1 = also list that many best sequences with their scores (<= beam_size).
+        num_return_sequences: > 1 = also list that many best sequences with their scores (<= beam_size);
+            None = 1.
         sampling: sample instead of searching (beam_size 1); None = search.
         heads: heads of the attention layer to combine (negative counts from the last); empty = all.
-        reduction: "mean" (rows sum to 1) or "max" (what any one of the heads looked at).
+        reduction: "mean" (rows sum to 1) or "max" (what any one of the heads looked at); None = mean.
         reverse_weight: > 0 = rerank the beam's candidates by how well each translates back into the source
-            (DecodingOptions.reverse_weight; not with `stream`); 0 = off.
+            (DecodingOptions.reverse_weight; not with `stream`); None (or 0) = off.
 
     Raises:
         ValueError: unknown granularity or reduction.
     """
+    decoding = _given(max_new_tokens=max_new_tokens, beam_size=beam_size, num_return_sequences=num_return_sequences,
+                      sampling=sampling, reverse_weight=reverse_weight)
+    attention_options = _given(
+        layer=layer, heads=tuple(heads),
+        granularity=None if granularity is None else AttentionGranularity(granularity),
+        reduction=None if reduction is None else AttentionReduction(reduction),
+    )
     return GenerationRequest(
         model=model,
         text=text,
         target_language=to,
-        decoding=DecodingOptions(
-            max_new_tokens=max_new_tokens,
-            beam_size=beam_size,
-            num_return_sequences=num_return_sequences,
-            sampling=sampling,
-            reverse_weight=reverse_weight,
-        ),
-        attention=AttentionOptions(
-            enabled=attention, layer=layer, granularity=AttentionGranularity(granularity), heads=tuple(heads),
-            reduction=AttentionReduction(reduction),
-        ),
+        decoding=DecodingOptions(**decoding),
+        attention=AttentionOptions(enabled=attention, **attention_options),
         request_id=request_id,
     )
+
+
+def _given(**options) -> dict:
+    """The options that are set (not None): the rest keep their dataclass defaults."""
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def audio_request(audio: bytes | np.ndarray, sample_rate_hz: int = 0, *, model: str, **options) -> GenerationRequest:
@@ -146,8 +154,6 @@ def audio_request(audio: bytes | np.ndarray, sample_rate_hz: int = 0, *, model: 
 
         data = AudioInput(samples=np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate_hz=sample_rate_hz)
     return dataclasses.replace(translation_request("", model=model, **options), audio=data)
-
-
 
 
 def image_request(image: bytes, *, model: str, **options) -> GenerationRequest:

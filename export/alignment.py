@@ -39,7 +39,8 @@ import numpy as np
 
 from attnserve.export import dictionary as cedict
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import ModelEngine, load_engine
+from attnserve.server.engine import ModelEngine
+from attnserve.server.registry import load_engine
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,

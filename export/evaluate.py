@@ -60,12 +60,10 @@ def translate_served(
 
 def open_engine(repository: pathlib.Path, name: str, variant: str | None = None):
     """One served model of a repository, as `attnserve serve [--variant]` runs it (only that model is loaded)."""
-    from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.engine import load_engine
-    from attnserve.server.repository import find_models
+    from attnserve.server.registry import open_model
     from attnserve.server.runtime import RuntimeOptions
 
-    return load_engine(find_models(repository)[name], RuntimeOptions(variant=variant), BatchingOptions())
+    return open_model(repository, name, RuntimeOptions(variant=variant))
 
 
 def translate_with(engine, texts: list[str], target: str, max_new: int = 128, beam_size: int = 1,

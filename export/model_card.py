@@ -288,6 +288,23 @@ def with_section(card: str, lines: list[str]) -> str:
     return card + "\n" + text if at == -1 else card[:at] + text + card[at:]
 
 
+# The hand-written story of each version (what it continued, the exact commands, how its checkpoint and
+# search were chosen): kept when a card is regenerated from new measurements.
+VERSIONS_TITLE = "## How each version was made"
+
+
+def write_card(out: pathlib.Path, card: str) -> None:
+    """Writes a model card, carrying over the VERSIONS_TITLE section of the card it replaces."""
+    if out.exists():
+        old = out.read_text()
+        if VERSIONS_TITLE in old:
+            start = old.index(VERSIONS_TITLE)
+            end = old.find("\n## ", start + len(VERSIONS_TITLE))
+            card = with_section(card, old[start: None if end == -1 else end].rstrip("\n").split("\n"))
+    out.write_text(card)
+    print(f"wrote {out}")
+
+
 def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path, previous: dict | None = None,
            lecture: dict | None = None, previous_lecture: dict | None = None) -> str:
     cfg, state = checkpoint["config"], checkpoint["state"]
@@ -363,8 +380,7 @@ def main() -> None:
     if args.alignment:
         name = json.loads((args.model_dir / "manifest.json").read_text())["name"]
         card = with_section(card, alignment_lines(json.loads(args.alignment.read_text()), name))
-    out.write_text(card)
-    print(f"wrote {out}")
+    write_card(out, card)
 
 
 if __name__ == "__main__":

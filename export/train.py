@@ -351,7 +351,7 @@ def checkpoint(model, optimizer, dev, tokenizer, state, run, opts, recent: list[
         )
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=pathlib.Path, default=pathlib.Path("data/corpus"))
     parser.add_argument("--run", type=pathlib.Path, default=pathlib.Path.home() / ".cache/attnserve/runs/zh-en")
@@ -388,6 +388,31 @@ def main() -> None:
         "--upsample", action="append", default=[], metavar="FAMILY=N",
         help="repeat a corpus family's training pairs N times (families as in train.source), e.g. hsk=5",
     )
+    return parser
+
+
+def _model_config(args: argparse.Namespace) -> dict:
+    """The architecture's size from the flags."""
+    if args.arch == "transformer":
+        return {
+            "d_model": args.d_model,
+            "heads": args.heads,
+            "d_ff": args.d_ff,
+            "encoder_layers": args.layers,
+            "decoder_layers": args.layers,
+            "max_positions": 512,
+        }
+    return {
+        "embed_dim": args.d_model,
+        "encoder_layers": args.encoder_layers,
+        "encoder_hidden": args.encoder_hidden,
+        "decoder_hidden": args.decoder_hidden,
+        "attention": args.attention,
+    }
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.cpu_bf16 and (why := cpu_bf16.refusal("--cpu-bf16", args.device)):
         parser.error(why)
@@ -398,23 +423,7 @@ def main() -> None:
         handlers=[logging.FileHandler(args.run / "train.log"), logging.StreamHandler()],
     )
     torch.set_num_threads(args.threads)
-    if args.arch == "transformer":
-        model_cfg = {
-            "d_model": args.d_model,
-            "heads": args.heads,
-            "d_ff": args.d_ff,
-            "encoder_layers": args.layers,
-            "decoder_layers": args.layers,
-            "max_positions": 512,
-        }
-    else:
-        model_cfg = {
-            "embed_dim": args.d_model,
-            "encoder_layers": args.encoder_layers,
-            "encoder_hidden": args.encoder_hidden,
-            "decoder_hidden": args.decoder_hidden,
-            "attention": args.attention,
-        }
+    model_cfg = _model_config(args)
     upsample = tuple((family, int(n)) for family, _, n in (u.partition("=") for u in args.upsample))
     opts = TrainOptions(
         batch_tokens=args.batch_tokens, lr=args.lr, warmup_steps=args.warmup_steps, vocab_size=args.vocab_size,

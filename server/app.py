@@ -22,7 +22,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from attnserve.server import errors, lifecycle, limits, logging_setup, memory, metrics, readiness, security, service
-from attnserve.server.serve_options import IO_BINDING
 from attnserve.server.serve_options import ServeOptions  # noqa: F401  (re-exported: app.ServeOptions)
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
@@ -142,9 +141,8 @@ async def start(
     for name in ("", SERVICE_NAME, *engines):
         await health_servicer.set(name, _SERVING)
     loop = asyncio.get_running_loop()
-    for name, engine in engines.items():
-        if hasattr(engine, "on_exit"):  # an engine in a child process (--engine-process) can die on its own
-            engine.on_exit = functools.partial(_engine_ended, loop, health_servicer, name)
+    for name, engine in engines.items():  # an engine in a child process (--engine-process) can die on its own
+        engine.on_exit = functools.partial(_engine_ended, loop, health_servicer, name)
     for name, reason in (broken or {}).items():
         logger.error("model %r is not served: %s", name, reason)
     scheme = "TLS" if tls else "plaintext"
@@ -281,24 +279,7 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         ValueError: the repository is broken, or (without skip_broken_models) a model in it is; or with
             it, no model loads.
     """
-    # Imported here so that the server package (and the client-only CLI) imports without onnxruntime.
-    from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.runtime_options import RuntimeOptions
-    from attnserve.server.scheduler import SchedulingOptions
-
-    runtime = RuntimeOptions(device=options.device, intra_op_threads=options.threads, variant=options.variant,
-                             io_binding=IO_BINDING[options.io_binding])
-    batching = BatchingOptions(
-        max_batch_size=options.max_batch_size,
-        window_seconds=options.batch_window_ms / 1000,
-        max_queue_size=options.max_queue_size,
-        max_attention_values=options.max_attention_values,
-        max_beam_size=options.max_beam_size,
-        continuous=SchedulingOptions(options.max_rows, options.fair_share_row_steps, options.admission_hold_steps,
-                                     overlap_encoding=options.overlap_encoding, length_split=options.length_split)
-        if options.batching == "continuous"
-        else None,
-    )
+    runtime, batching = options.runtime_options(), options.batching_options()
     broken: dict[str, str] | None = {} if options.skip_broken_models else None
     if options.engine_process:
         from attnserve.server.engine_process import load_process_engines
@@ -306,9 +287,9 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         engines = load_process_engines(options.models, runtime, batching, broken, options.only_models,
                                        (options.log_level, options.log_format))
     else:
-        from attnserve.server import engine
+        from attnserve.server import registry as engines_registry
 
-        registry = engine.load_engines(options.models, runtime, batching, broken, options.only_models)
+        registry = engines_registry.load_engines(options.models, runtime, batching, broken, options.only_models)
         engines = {name: registry.get(name) for name in registry.names()}
     try:
         for name in list(engines):

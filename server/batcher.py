@@ -15,7 +15,8 @@ A caller may cancel an item. A queued item is dropped before it runs; a running 
 `cancelled`, and the processor, which checks the mark between its steps, ends it with CancelledError
 while its neighbours go on.
 
-The batcher knows nothing about models: the engine supplies the processor and the loop.
+The batcher knows nothing about models: the engine supplies the processor (server/windowed.py) and the
+loop (server/continuous.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from attnserve.server.generation import OverloadedError, UnavailableError
+from attnserve.server.option_fields import bounded, check
 from attnserve.server.scheduler import SchedulingOptions
 
 log = logging.getLogger(__name__)
@@ -39,32 +41,23 @@ log = logging.getLogger(__name__)
 class BatchingOptions:
     # Most requests that start together: encoded in one encoder call (continuous: admitted at one step
     # boundary; windowed: one batch).
-    max_batch_size: int = 16
+    max_batch_size: int = bounded(16, least=1)
     # Windowed batches only: how long the worker waits, after a batch's first request arrived, for others
-    # to join it. Continuous batching never waits for a window.
-    window_seconds: float = 0.005
+    # to join it, in milliseconds (the unit of --batch-window-ms). Continuous batching never waits for one.
+    window_ms: float = bounded(5.0, least=0)
     # Requests waiting beyond the running batch; one more raises OverloadedError.
-    max_queue_size: int = 256
+    max_queue_size: int = bounded(256, least=1)
     # Most attention weights one response may carry (an admission limit, like the queue's); 0 = no limit
     # beyond max_new_tokens x source columns per sequence.
-    max_attention_values: int = 0
+    max_attention_values: int = bounded(0, least=0)
     # Largest DecodingOptions.beam_size accepted (each beam is a row of the batch).
-    max_beam_size: int = 16
+    max_beam_size: int = bounded(16, least=1)
     # Continuous batching (requests join the running batch at every decode step) with these row and
     # fairness limits; None = windowed batches (requests join a batch only when it starts).
     continuous: SchedulingOptions | None = SchedulingOptions()
 
     def __post_init__(self):
-        if self.max_batch_size < 1:
-            raise ValueError(f"BatchingOptions.max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.window_seconds < 0:
-            raise ValueError(f"BatchingOptions.window_seconds must be >= 0, got {self.window_seconds}")
-        if self.max_queue_size < 1:
-            raise ValueError(f"BatchingOptions.max_queue_size must be >= 1, got {self.max_queue_size}")
-        if self.max_beam_size < 1:
-            raise ValueError(f"BatchingOptions.max_beam_size must be >= 1, got {self.max_beam_size}")
-        if self.max_attention_values < 0:
-            raise ValueError(f"BatchingOptions.max_attention_values must be >= 0, got {self.max_attention_values}")
+        check(self)
 
 
 class WorkItem:
@@ -260,7 +253,8 @@ class Batcher:
             items = [self._queue.popleft()]
             # The window counts from the first item's arrival: work that queued up while the previous batch
             # ran starts at once.
-            deadline = time.monotonic() + self.options.window_seconds - (time.perf_counter() - items[0].accepted_at)
+            window = self.options.window_ms / 1000
+            deadline = time.monotonic() + window - (time.perf_counter() - items[0].accepted_at)
             while len(items) < self.options.max_batch_size and not self._closed:
                 if self._queue:
                     items.append(self._queue.popleft())

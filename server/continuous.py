@@ -25,20 +25,17 @@ import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
-import numpy as np
-
+from attnserve.server.batch import Batch
 from attnserve.server.batcher import Batcher, WorkItem, resolve
-from attnserve.server.decoding import Batch, StepEvents, make_strategy
-from attnserve.server.lane import Group, Lane
+from attnserve.server.cohort import Cohort
+from attnserve.server.lane import Lane
+from attnserve.server.model_handle import ModelHandle
 from attnserve.server.preprocessing import Source
+from attnserve.server.results import BatchClock, ResultBuilder
 from attnserve.server.scheduler import Scheduler
-
-if TYPE_CHECKING:
-    from attnserve.server.engine import ModelEngine, _Clock
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +60,15 @@ def length_buckets(lengths: Sequence[int]) -> list[slice]:
     return buckets
 
 
-def encode_in_buckets(engine: ModelEngine, sources: Sequence[Source]) -> list[tuple[slice, Batch]]:
+def encode_in_buckets(model: ModelHandle, sources: Sequence[Source]) -> list[tuple[slice, Batch]]:
     """The sources (ascending by length) encoded one length bucket at a time: each bucket's slice of
     `sources` and its batch. Each joins as a group of its own, so a long bucket can decode apart."""
-    return [
-        (bucket, Batch.build(engine.manifest, engine.runtime, engine.preprocessor.collate(sources[bucket]),
-                             engine.language_model))
-        for bucket in length_buckets([s.length for s in sources])
-    ]
+    return [(bucket, model.encode(sources[bucket])) for bucket in length_buckets([s.length for s in sources])]
 
 
-def _encode(engine: ModelEngine, sources: Sequence[Source]) -> tuple[list[tuple[slice, Batch]], float]:
+def _encode(model: ModelHandle, sources: Sequence[Source]) -> tuple[list[tuple[slice, Batch]], float]:
     """The sources' buckets (`encode_in_buckets`) and when their encoding ended."""
-    buckets = encode_in_buckets(engine, sources)
+    buckets = encode_in_buckets(model, sources)
     return buckets, time.perf_counter()
 
 
@@ -84,36 +77,23 @@ class _Encoding:
     """Newcomers whose encoding runs on the encoder thread while the running batch takes a step."""
 
     members: list[WorkItem]
-    clock: _Clock
+    clock: BatchClock
     future: Future  # -> (Batch, when its encoding ended)
     rows: int  # rows they will take (beams count one each)
-
-
-@dataclasses.dataclass(eq=False)
-class Cohort:
-    """Requests admitted together: one encoder call, one strategy (a `Group` of some lane)."""
-
-    items: list[WorkItem]
-    clock: _Clock
-    streaming: np.ndarray  # (N,) which items have a token callback
-    streamed: list[list[int]]  # ids passed to each item's callback so far
-    answered: set[int] = dataclasses.field(default_factory=set)
-    peak: int = 0  # most requests that shared a decoder call with these (reported as batch_size)
-
-    @property
-    def open(self) -> list[int]:
-        return [i for i in range(len(self.items)) if i not in self.answered]
 
 
 class ContinuousLoop:
     """The worker loop of one model under continuous batching (runs on its batcher's thread).
 
     Args:
-        engine: the model whose runtime, preprocessor and result building the loop uses.
+        model: the model the loop encodes and decodes with.
+        results: builds each request's streamed tokens and result (a `Cohort` of some lane is each
+            `Group`'s tag).
     """
 
-    def __init__(self, engine: ModelEngine):
-        self._engine = engine
+    def __init__(self, model: ModelHandle, results: ResultBuilder):
+        self._model = model
+        self._results = results
         self.scheduler: Scheduler | None = None  # set once the loop runs
         self._encoder: ThreadPoolExecutor | None = None  # started at the first overlapped encoding
         self._encoding: collections.deque[_Encoding] = collections.deque()  # in admission order
@@ -121,7 +101,7 @@ class ContinuousLoop:
     def run(self, batcher: Batcher) -> None:
         """Serves the batcher's queue until it is closed and everything admitted has finished."""
         self.scheduler = Scheduler(batcher.options.continuous, batcher.options.max_batch_size,
-                                   self._engine.runtime.decoder_bytes)
+                                   self._model.decoder_bytes)
         try:
             while self._round(self.scheduler, batcher):
                 pass
@@ -162,9 +142,6 @@ class ContinuousLoop:
         """Encodes newcomers together (one group per beam size and length bucket) and merges them into the
         foreground's lanes; while a batch runs, on the encoder thread (SchedulingOptions.overlap_encoding), and
         they join at the next round."""
-        from attnserve.server.engine import _Clock  # the engine's, so results time both paths alike
-
-        engine = self._engine
         overlap = scheduler.options.overlap_encoding and scheduler.running
         for item in [item for item in items if item.cancelled]:
             resolve(item, CancelledError("the caller cancelled the request"))
@@ -176,18 +153,18 @@ class ContinuousLoop:
             members.sort(key=lambda item: item.payload.source.length)  # the order length buckets need
             for item in members:
                 item._new_attempt()
-            clock = _Clock(start=time.perf_counter(), encoded=0.0)
+            clock = BatchClock.started()
             sources = [item.payload.source for item in members]
             if overlap:
                 if self._encoder is None:
                     self._encoder = ThreadPoolExecutor(1, thread_name_prefix=f"{batcher.name}-encoder")
-                future = self._encoder.submit(_encode, engine, sources)
+                future = self._encoder.submit(_encode, self._model, sources)
                 rows = sum(item.payload.beam_size for item in members)
                 self._encoding.append(_Encoding(members, clock, future, rows))
                 scheduler.encoding_rows += rows
                 continue
             try:
-                buckets, clock.encoded = _encode(engine, sources)
+                buckets, clock.encoded = _encode(self._model, sources)
             except Exception as exc:
                 self._admission_failed(members, batcher, exc)
                 continue
@@ -205,7 +182,7 @@ class ContinuousLoop:
                 continue
             self._join(encoding.members, encoding.clock, buckets, scheduler, batcher)
 
-    def _join(self, members: list[WorkItem], clock: _Clock, buckets: list[tuple[slice, Batch]],
+    def _join(self, members: list[WorkItem], clock: BatchClock, buckets: list[tuple[slice, Batch]],
               scheduler: Scheduler, batcher: Batcher) -> None:
         """Starts the newcomers' search, one group per length bucket, and merges each into the lane the
         scheduler picks for its sources' length."""
@@ -213,11 +190,10 @@ class ContinuousLoop:
             cohort = members[bucket]
             try:
                 prepared = [item.payload for item in cohort]
-                strategy = make_strategy(prepared, self._engine.manifest.special_tokens.eos, batch.length_budget)
-                streaming = np.array([item.on_token is not None for item in cohort])
+                strategy = self._model.strategy(prepared, batch.length_budget)
                 rows = sum(p.beam_size for p in prepared)
                 lane = scheduler.lane_for(batch.source_width, rows, batch.slots.position_bytes)
-                lane.add(batch, strategy, Cohort(cohort, clock, streaming, [[] for _ in cohort]))
+                lane.add(batch, strategy, Cohort.start(cohort, clock))
             except Exception as exc:
                 self._admission_failed(cohort, batcher, exc)
 
@@ -239,21 +215,5 @@ class ContinuousLoop:
         for group, events in stepped:
             cohort: Cohort = group.tag
             cohort.peak = max(cohort.peak, sharing)
-            cohort.clock.first_step = cohort.clock.first_step or time.perf_counter()
-            for i, outcome in self._answers(cohort, group, events):
-                cohort.answered.add(i)
+            for i, outcome in cohort.answers(events, group.strategy, self._results):
                 resolve(cohort.items[i], outcome)
-
-    def _answers(self, cohort: Cohort, group: Group, events: StepEvents) -> Iterator[tuple[int, object]]:
-        """The answers one step produced for a cohort: finished, failed callbacks and cancellations."""
-        engine = self._engine
-        for i, error in engine._stream(cohort.items, events, cohort.streaming, cohort.streamed):
-            group.strategy.cancel(i)
-            yield i, error
-        for hyp in events.finished:
-            if hyp.index not in cohort.answered:
-                item = cohort.items[hyp.index]
-                yield hyp.index, engine._answer(item, hyp, cohort.streamed, cohort.clock, cohort.peak)
-        for i in [i for i in cohort.open if cohort.items[i].cancelled]:
-            group.strategy.cancel(i)  # its rows leave at the next step
-            yield i, CancelledError("the caller cancelled the request")

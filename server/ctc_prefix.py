@@ -16,7 +16,7 @@ so it is one reduction over (rows, frames, vocabulary) with no loop. `advance()`
 recursion over frames for g + c with each row's chosen token alone (a loop over frames on (rows,) arrays),
 rather than for every token of the vocabulary: 5x less time per step at 128 rows x 150 frames x 32
 characters, with the same scores. Rows are gathered with `select()` and
-joined with `concatenate()` as the decoder batch's rows are (`Batch.select` / `merge`, server/decoding.py), so
+joined with `concatenate()` as the decoder batch's rows are (`Batch.select` / `merge`, server/batch.py), so
 beam search, continuous batching and splitting keep each row's own state. Log domain throughout; frames past
 a row's own length are -inf, so they add to no sum.
 """

@@ -303,7 +303,7 @@ def _child_main(conn, repository: str, name: str, runtime_options: RuntimeOption
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from attnserve.server import logging_setup, memory
-    from attnserve.server.engine import load_engines
+    from attnserve.server.registry import load_engines
 
     if log_options is not None:
         logging_setup.configure(*log_options)

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:  # lanes only call batches and strategies they are handed
-    from attnserve.server.decoding import Batch, DecodeStrategy, StepEvents
+    from attnserve.server.batch import Batch
+    from attnserve.server.search import DecodeStrategy, StepEvents
 
 
 @dataclasses.dataclass(eq=False)

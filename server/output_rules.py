@@ -14,12 +14,9 @@ per-row tokens are kept unless some request of the batch has a repetition guard.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from attnserve.server.decoding import PreparedRequest
+from attnserve.server.prepared import PreparedRequest
 
 
 class OutputRules:

@@ -14,8 +14,8 @@ The decode loop, the batcher, beam search and attention aggregation never ask wh
   describe()       the kind and limits a client reads in ModelInfo.
 
 Text lives here; audio (server/audio.py), images (server/image.py) and video (server/video.py) each have their
-own module, so a new
-input kind is one new module, its spec for the manifest's `input` (server/inputs.py) and a line in `create`.
+own module, so a new input kind is one new module, its spec for the manifest's `input` (server/inputs.py) and a line in
+server/preprocessors.py, which picks a model's preprocessor by its kind.
 """
 
 from __future__ import annotations
@@ -196,14 +196,3 @@ class TextPreprocessor(Preprocessor):
 
     def describe(self, info: ModelInfo) -> ModelInfo:
         return dataclasses.replace(info, input_kind=self.kind, max_source_tokens=self.manifest.limits.max_source_tokens)
-
-
-def create(manifest: Manifest, tokenizer: Tokenizer | None) -> Preprocessor:
-    """The preprocessor of the model's input kind."""
-    # The other kinds' modules import this one for the base class, so they are imported when a model loads.
-    from attnserve.server.audio import AudioPreprocessor
-    from attnserve.server.image import ImagePreprocessor
-    from attnserve.server.video import VideoPreprocessor
-
-    kinds = {cls.kind.value: cls for cls in (TextPreprocessor, AudioPreprocessor, ImagePreprocessor, VideoPreprocessor)}
-    return kinds[manifest.input.kind](manifest, tokenizer)

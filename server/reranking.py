@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING
 
-from attnserve.server.decoding import PreparedRequest
 from attnserve.server.generation import FinishReason, GenerationResult, ScoredSequence
+from attnserve.server.prepared import PreparedRequest
 from attnserve.server.preprocessing import TextSource
 
 if TYPE_CHECKING:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from attnserve.server.option_fields import bounded, check
+
 DEVICES = ("cpu", "cuda")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -15,13 +17,14 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 @dataclasses.dataclass(frozen=True)
 class RuntimeOptions:
     # "cpu", or "cuda" for the CUDA execution provider (needs onnxruntime-gpu and a GPU).
-    device: str = "cpu"
+    device: str = bounded("cpu", choices=DEVICES)
     # CUDA device ordinal when device == "cuda".
-    device_id: int = 0
-    # Threads one operator may use; 1 keeps several models (and the batcher) from fighting over cores.
-    intra_op_threads: int = 1
-    # Threads for running independent graph branches in parallel.
-    inter_op_threads: int = 1
+    device_id: int = bounded(0, least=0)
+    # Threads one operator may use; 1 keeps several models (and the batcher) from fighting over cores; 0 =
+    # ONNX Runtime's default (every core).
+    intra_op_threads: int = bounded(1, least=0)
+    # Threads for running independent graph branches in parallel (0 = ONNX Runtime's default).
+    inter_op_threads: int = bounded(1, least=0)
     # Manifest variant whose graphs to run where a model has it (e.g. "int8"); None = the default graphs.
     variant: str | None = None
     # ONNX Runtime's CPU memory arena. Off by default: shapes change every step (batch rows, cache length),
@@ -36,10 +39,7 @@ class RuntimeOptions:
     io_binding: bool | None = None
 
     def __post_init__(self):
-        if self.device not in DEVICES:
-            raise ValueError(f"RuntimeOptions.device must be one of {list(DEVICES)}, got {self.device!r}")
-        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
-            raise ValueError("RuntimeOptions thread counts must be >= 0 (0 = ONNX Runtime's default)")
+        check(self)
 
     @property
     def binds_io(self) -> bool:

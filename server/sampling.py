@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnserve.server.decoding import GreedySearch, PreparedRequest
 from attnserve.server.generation import SamplingOptions
+from attnserve.server.prepared import PreparedRequest
+from attnserve.server.search import GreedySearch
 
 
 class SampledSearch(GreedySearch):

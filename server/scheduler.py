@@ -33,6 +33,7 @@ import dataclasses
 from collections.abc import Callable
 
 from attnserve.server.lane import Lane
+from attnserve.server.option_fields import bounded, check
 
 # What one decoder call costs the decode loop besides ONNX Runtime (about 0.7 ms: feeds, the search's step,
 # row bookkeeping), in rows x source positions of padding that take as long to read (0.64 us each, measured
@@ -43,13 +44,13 @@ CALL_OVERHEAD_POSITIONS = 1000
 @dataclasses.dataclass(frozen=True)
 class SchedulingOptions:
     # Rows (beams count one row each) decoding together in one lane; more requests wait in the queue.
-    max_rows: int = 64
+    max_rows: int = bounded(64, least=1)
     # Rows x steps a group may spend before it yields its place in the foreground to queued requests.
-    fair_share_row_steps: int = 512
+    fair_share_row_steps: int = bounded(512, least=1)
     # Steps queued requests may be held back while a batch runs, waiting for company; 0 = admit at once.
-    admission_hold_steps: int = 0
+    admission_hold_steps: int = bounded(0, least=0)
     # Queued requests (or free rows, if fewer) that end a hold.
-    admission_hold_queue: int = 8
+    admission_hold_queue: int = bounded(8, least=1)
     # Encode requests admitted while a batch runs on a second thread, during the running batch's next step;
     # they join it one step later. False: encode them on the worker, between steps (every row waits).
     overlap_encoding: bool = True
@@ -58,16 +59,10 @@ class SchedulingOptions:
     length_split: bool = True
     # The padding (rows x source positions) worth one more decoder call; None: the decoder's weight bytes
     # over the bytes a row reads per source position, plus CALL_OVERHEAD_POSITIONS.
-    length_split_padding: int | None = None
+    length_split_padding: int | None = bounded(None, least=0)
 
     def __post_init__(self):
-        for name in ("max_rows", "fair_share_row_steps", "admission_hold_queue"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SchedulingOptions.{name} must be >= 1, got {getattr(self, name)}")
-        if self.admission_hold_steps < 0:
-            raise ValueError(f"SchedulingOptions.admission_hold_steps must be >= 0, got {self.admission_hold_steps}")
-        if self.length_split_padding is not None and self.length_split_padding < 0:
-            raise ValueError(f"SchedulingOptions.length_split_padding must be >= 0, got {self.length_split_padding}")
+        check(self)
 
 
 class Scheduler:

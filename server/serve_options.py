@@ -1,7 +1,12 @@
-"""The options of `attnserve serve`: one frozen dataclass, the one home of every default, and its flags.
+"""The options of `attnserve serve`: one frozen dataclass, its flags, and the engine options it sets.
 
-The CLI builds its flags from the dataclass (`add_arguments`), so the defaults the help shows are the ones
-the server uses; errors name the flag a user typed, not a field name.
+The config tree: `ServeOptions` holds the server process's own options (listener, TLS, logging, ...) and
+one field per engine option it exposes as a flag. Those mirror `RuntimeOptions` (how sessions run),
+`BatchingOptions` (queue, batch size, window) and `SchedulingOptions` (continuous batching), which stay the
+one home of their defaults and bounds (server/option_fields.py); `runtime_options()` and
+`batching_options()` build them. The CLI builds its flags from the dataclass (`add_arguments`), so the
+defaults the help shows are the ones the server uses; errors name the flag a user typed, not a field name.
+Nothing here imports onnxruntime.
 """
 
 from __future__ import annotations
@@ -10,6 +15,10 @@ import argparse
 import dataclasses
 
 from attnserve.server import convert, logging_setup
+from attnserve.server.batcher import BatchingOptions
+from attnserve.server.option_fields import bounded, mirror, problems
+from attnserve.server.runtime_options import DEVICES, RuntimeOptions
+from attnserve.server.scheduler import SchedulingOptions
 
 LOOPBACK = "127.0.0.1"
 # How a worker batches requests: "continuous" admits them into the running batch at every decode step
@@ -26,88 +35,80 @@ class ServeOptions:
     # Serve only these models of the repository (e.g. one model per deployment); empty = every model.
     only_models: tuple[str, ...] = ()
     host: str = "[::]"  # interface to listen on; "[::]" = all
-    port: int = convert.DEFAULT_PORT
-    device: str = "cpu"  # "cpu" or "cuda"
+    port: int = bounded(convert.DEFAULT_PORT, least=0, most=65535)  # 0 = any free port (gRPC would wrap 65536+)
+    device: str = mirror(RuntimeOptions, "device")  # "cpu" or "cuda"
     # Keep decoder inputs (encoder K/V, the K/V cache) on the device between steps: "auto" = on for cuda.
-    io_binding: str = "auto"
-    threads: int = 1  # ONNX Runtime intra-op threads per model
-    batching: str = "continuous"  # one of BATCHING_MODES
+    io_binding: str = bounded("auto", choices=IO_BINDING)
+    threads: int = mirror(RuntimeOptions, "intra_op_threads")  # ONNX Runtime intra-op threads per model
+    batching: str = bounded("continuous", choices=BATCHING_MODES)
     # Most requests that start together in one encoder call: admitted at one step, or one windowed batch.
-    max_batch_size: int = 16
-    batch_window_ms: float = 5.0  # --batching window: how long a worker waits for more requests
-    max_queue_size: int = 256  # requests waiting per model beyond its running batch; more are RESOURCE_EXHAUSTED
-    max_attention_values: int = 0  # most attention weights per response; 0 = only the models' own bounds
-    max_beam_size: int = 16  # largest beam_size a request may ask for
-    variant: str | None = None  # serve each model's graphs of this manifest variant (e.g. int8) where it has one
-    max_rows: int = 64  # continuous batching: rows (beams count one each) decoding together per model
-    fair_share_row_steps: int = 512  # continuous batching: rows x steps before a request yields to the queue
-    admission_hold_steps: int = 0  # continuous batching: steps a few queued requests may wait for company
+    max_batch_size: int = mirror(BatchingOptions, "max_batch_size")
+    batch_window_ms: float = mirror(BatchingOptions, "window_ms")  # --batching window: wait for more requests
+    max_queue_size: int = mirror(BatchingOptions, "max_queue_size")  # per model; more are RESOURCE_EXHAUSTED
+    max_attention_values: int = mirror(BatchingOptions, "max_attention_values")  # per response; 0 = models' own
+    max_beam_size: int = mirror(BatchingOptions, "max_beam_size")  # largest beam_size a request may ask for
+    variant: str | None = mirror(RuntimeOptions, "variant")  # each model's graphs of this variant, where it has one
+    max_rows: int = mirror(SchedulingOptions, "max_rows")  # continuous batching: rows decoding together per model
+    fair_share_row_steps: int = mirror(SchedulingOptions, "fair_share_row_steps")  # rows x steps, then yield
+    admission_hold_steps: int = mirror(SchedulingOptions, "admission_hold_steps")  # steps waiting for company
     # Continuous batching: encode requests admitted mid-flight on a second thread while the batch steps.
-    overlap_encoding: bool = True
+    overlap_encoding: bool = mirror(SchedulingOptions, "overlap_encoding")
     # Continuous batching: decode requests of much longer sources in a second lane when padding costs more.
-    length_split: bool = True
+    length_split: bool = mirror(SchedulingOptions, "length_split")
     # Run each model's engine in a child process, so that the gRPC loop and the decode loop share no GIL.
     engine_process: bool = False
-    metrics_port: int | None = None  # serve Prometheus /metrics over HTTP; None = don't
+    metrics_port: int | None = bounded(None, least=0, most=65535)  # serve Prometheus /metrics over HTTP; None = don't
     # Interface of the metrics listener. Loopback by default, whatever --host says: metrics name the models
     # and show the traffic, so exposing them is a separate, explicit choice.
     metrics_host: str = LOOPBACK
-    grace_seconds: float = 10.0  # how long in-flight requests may finish after a shutdown signal
+    grace_seconds: float = bounded(10.0, least=0)  # how long in-flight requests may finish after a shutdown signal
     # Bytes of requests handled at once (audio and images are the big ones); more are RESOURCE_EXHAUSTED.
-    max_inflight_request_mb: float = 256.0
+    max_inflight_request_mb: float = bounded(256.0, above=0)
     skip_broken_models: bool = False  # serve the healthy models when some fail to load (those: NOT_SERVING)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the port speaks TLS only
     tls_key: str | None = None  # PEM private key
     tls_client_ca: str | None = None  # PEM CA bundle: clients must present a certificate it signed
     auth_token_file: str | None = None  # accepted bearer tokens, one per line; None = no authentication
-    log_level: str = "info"  # debug, info, warning, error
-    log_format: str = "text"  # text or json (one object per line)
+    log_level: str = bounded("info", choices=logging_setup.LEVELS)  # debug, info, warning, error
+    log_format: str = bounded("text", choices=logging_setup.FORMATS)  # text or json (one object per line)
 
     def __post_init__(self):
-        problems = list(_problems(self))
-        if problems:
-            raise ValueError("; ".join(problems))
+        found = [*problems(self, label=_flag), *_conflicts(self)]
+        if found:
+            raise ValueError("; ".join(found))
+
+    def runtime_options(self) -> RuntimeOptions:
+        """How each model's sessions run."""
+        return RuntimeOptions(device=self.device, intra_op_threads=self.threads, variant=self.variant,
+                              io_binding=IO_BINDING[self.io_binding])
+
+    def batching_options(self) -> BatchingOptions:
+        """Each model's queue and batching (continuous: with its scheduling)."""
+        scheduling = SchedulingOptions(
+            max_rows=self.max_rows, fair_share_row_steps=self.fair_share_row_steps,
+            admission_hold_steps=self.admission_hold_steps, overlap_encoding=self.overlap_encoding,
+            length_split=self.length_split,
+        )
+        return BatchingOptions(
+            max_batch_size=self.max_batch_size, window_ms=self.batch_window_ms, max_queue_size=self.max_queue_size,
+            max_attention_values=self.max_attention_values, max_beam_size=self.max_beam_size,
+            continuous=scheduling if self.batching == "continuous" else None,
+        )
 
 
-def _problems(o: ServeOptions):
-    """Every invalid value or combination, each naming its flag."""
-    # gRPC would take a port outside 0..65535 modulo 65536 and listen somewhere unexpected.
-    for flag, port in (("--port", o.port), ("--metrics-port", o.metrics_port)):
-        if port is not None and not 0 <= port <= 65535:
-            yield f"{flag} {port} is out of range: use 1..65535, or 0 for any free port"
-    for flag, value, least in (
-        ("--threads", o.threads, 1),
-        ("--max-batch-size", o.max_batch_size, 1),
-        ("--max-queue-size", o.max_queue_size, 1),
-        ("--max-attention-values", o.max_attention_values, 0),
-        ("--max-beam-size", o.max_beam_size, 1),
-        ("--max-rows", o.max_rows, 1),
-        ("--fair-share-row-steps", o.fair_share_row_steps, 1),
-        ("--admission-hold-steps", o.admission_hold_steps, 0),
-    ):
-        if value < least:
-            yield f"{flag} must be at least {least}, got {value}"
-    for flag, value in (("--batch-window-ms", o.batch_window_ms), ("--grace-seconds", o.grace_seconds)):
-        if value < 0:
-            yield f"{flag} must be >= 0, got {value}"
+def _conflicts(o: ServeOptions):
+    """Every invalid combination of flags (single values are checked against their fields' bounds)."""
     if o.batching == "continuous" and o.max_beam_size > o.max_rows:
         yield f"--max-beam-size {o.max_beam_size} needs --max-rows of at least as many, got {o.max_rows}"
-    if o.max_inflight_request_mb <= 0:
-        yield f"--max-inflight-request-mb must be > 0, got {o.max_inflight_request_mb}"
     if (o.tls_cert is None) != (o.tls_key is None):
         yield "--tls-cert and --tls-key go together: give both or neither"
     if o.tls_client_ca is not None and o.tls_cert is None:
         yield "--tls-client-ca needs --tls-cert and --tls-key (client certificates are checked over TLS)"
-    if o.batching not in BATCHING_MODES:
-        yield f"--batching {o.batching!r} is not one of {', '.join(BATCHING_MODES)}"
-    if o.device not in ("cpu", "cuda"):
-        yield f"--device {o.device!r} is not cpu or cuda"
-    if o.io_binding not in IO_BINDING:
-        yield f"--io-binding {o.io_binding!r} is not one of {', '.join(IO_BINDING)}"
-    if o.log_level not in logging_setup.LEVELS:
-        yield f"--log-level {o.log_level!r} is not one of {', '.join(logging_setup.LEVELS)}"
-    if o.log_format not in logging_setup.FORMATS:
-        yield f"--log-format {o.log_format!r} is not one of {', '.join(logging_setup.FORMATS)}"
+
+
+def _flag(field: str) -> str:
+    """The flag that sets a field (its first, where two do)."""
+    return next(flag for flag, (name, _) in _FLAGS.items() if name == field)
 
 
 # Flag -> (field, argparse keywords). The help text of each flag shows the dataclass default.
@@ -120,13 +121,14 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     ),
     "--host": ("host", dict(help="interface to listen on (default: %(default)s = all)")),
     "--port": ("port", dict(type=int, help="gRPC port (default: %(default)s)")),
-    "--device": ("device", dict(choices=["cpu", "cuda"], help="(default: %(default)s)")),
+    "--device": ("device", dict(choices=DEVICES, help="(default: %(default)s)")),
     "--io-binding": (
         "io_binding",
         dict(choices=IO_BINDING, help="keep the decoder's encoder K/V and K/V cache on the device between steps "
              "instead of copying them in at every step; auto = on for cuda, off for cpu (default: %(default)s)"),
     ),
-    "--threads": ("threads", dict(type=int, help="ONNX Runtime threads per model (default: %(default)s)")),
+    "--threads": ("threads", dict(type=int, help="ONNX Runtime threads per model; 0 = ONNX Runtime's default "
+                                   "(default: %(default)s)")),
     "--batching": (
         "batching",
         dict(choices=BATCHING_MODES, help="continuous: requests join the running batch at every decode step; "

@@ -33,10 +33,19 @@ MAX_STREAM_INTERVAL = 256
 
 
 class Engine(Protocol):
-    """What the servicer needs from a model engine (see server/engine.py)."""
+    """What the server needs from a model engine: server/engine.py's ModelEngine, in this process, or
+    server/engine_process.py's ProcessEngine, in a child process."""
+
+    # Called (from any thread) with the reason if the engine ends on its own; set by the server. An
+    # in-process engine never does.
+    on_exit: Callable[[str], None] | None
 
     @property
     def info(self) -> generation.ModelInfo: ...
+
+    @property
+    def providers(self) -> list[str]:
+        """The ONNX Runtime execution providers its graphs run on, best first."""
 
     def submit(
         self,
@@ -46,7 +55,7 @@ class Engine(Protocol):
 
     def cancel(self, future: concurrent.futures.Future[generation.GenerationResult]) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, timeout: float | None = None) -> None: ...
 
 
 class AttnServeServicer(pb_grpc.AttnServeServicer):

@@ -2,7 +2,7 @@
 
 Every static decoder input (the encoder's cross-attention K/V, its mask), every replaced state (an LSTM's h, c)
 and the appended state (server/kv_cache.py) holds `capacity` slots along its batch axis, of which the decoder
-runs the first `size`. A batch (server/decoding.py) maps its rows to slots. Under continuous batching rows
+runs the first `size`. A batch (server/batch.py) maps its rows to slots. Under continuous batching rows
 finish and newcomers arrive at almost every step; with one tensor per batch, each of those changes copied
 every row's tensors (measured on translate-zh-en 4 under 32 clients: a third of the engine's time, as much
 as the decoder call). Here a finished row only frees its slot, a newcomer is written into a free slot or

@@ -183,11 +183,12 @@ class RecordingRuntime:
         return sum(source_length in rows for rows in self.steps)
 
 
-def recording_engine(repository: pathlib.Path, name: str, batching=None):
-    """A ModelEngine for model `name` of `repository` whose runtime is a RecordingRuntime.
+def recording_engine(repository: pathlib.Path, name: str, batching=None, wrap=None):
+    """A ModelEngine for model `name` of `repository` whose runtime is a RecordingRuntime (wrapped by
+    `wrap(recording)` when given: the engine's runtime is then what `wrap` returns).
 
     Returns:
-        (engine, runtime); close the engine when done.
+        (engine, recording runtime); close the engine when done.
     """
     from attnserve.server.batcher import BatchingOptions
     from attnserve.server.engine import ModelEngine
@@ -199,7 +200,8 @@ def recording_engine(repository: pathlib.Path, name: str, batching=None):
     mask = next(s.target for s in manifest.static if s.source == manifest.encoder.inputs["attention_mask"])
     runtime = RecordingRuntime(open_runtime(version), mask)
     tokenizer = Tokenizer.from_manifest(version.path, manifest)
-    return ModelEngine(version, runtime, tokenizer, batching or BatchingOptions()), runtime
+    engine = ModelEngine(version, wrap(runtime) if wrap else runtime, tokenizer, batching or BatchingOptions())
+    return engine, runtime
 
 
 # ---- starting requests together, in either batching mode -----------------------------------------------
@@ -218,7 +220,7 @@ def batching(mode: str, max_batch_size: int = 16):
     from attnserve.server.batcher import BatchingOptions
 
     if mode == "window":
-        return BatchingOptions(max_batch_size, window_seconds=0.0, continuous=None)
+        return BatchingOptions(max_batch_size, window_ms=0.0, continuous=None)
     return BatchingOptions(max_batch_size)
 
 
@@ -250,7 +252,7 @@ def held(engine, gate: generation.GenerationRequest):
 def generate_together(repo, name: str, mode: str, requests) -> list:
     """Results of `requests` decoded as one batch by a fresh engine for model `name` of `repo` (batching
     `mode`), asserting that they did share one batch."""
-    from attnserve.server.engine import load_engine
+    from attnserve.server.registry import load_engine
     from attnserve.server.repository import find_models
     from attnserve.server.runtime import RuntimeOptions
 

@@ -76,7 +76,7 @@ def test_max_batch_size_splits_the_queue():
 def test_the_window_waits_for_a_late_request():
     # A long window, closed early because the batch fills: the first request waited for the second.
     recorder = Recorder()
-    batcher = Batcher(recorder, BatchingOptions(max_batch_size=2, window_seconds=60), name="test")
+    batcher = Batcher(recorder, BatchingOptions(max_batch_size=2, window_ms=60000.0), name="test")
     first = batcher.submit(1)
     second = batcher.submit(2)
     assert (first.result(WAIT), second.result(WAIT)) == (2, 4)
@@ -86,7 +86,7 @@ def test_the_window_waits_for_a_late_request():
 
 def test_the_window_closes_without_more_requests():
     recorder = Recorder()
-    batcher = Batcher(recorder, BatchingOptions(window_seconds=0.01), name="test")
+    batcher = Batcher(recorder, BatchingOptions(window_ms=10.0), name="test")
     assert batcher.submit(3).result(WAIT) == 6
     assert recorder.groups == [[3]]
     batcher.close()
@@ -157,7 +157,7 @@ def test_results_arrive_as_each_request_finishes():
 
 
 def test_a_request_left_unanswered_gets_an_error():
-    batcher = Batcher(lambda items: iter(()), BatchingOptions(window_seconds=0), name="test")
+    batcher = Batcher(lambda items: iter(()), BatchingOptions(window_ms=0.0), name="test")
     with pytest.raises(RuntimeError, match="without an answer"):
         batcher.submit(1).result(WAIT)
     batcher.close()
@@ -186,7 +186,7 @@ def held_pair(process) -> tuple[Batcher, threading.Event, threading.Event]:
         assert release.wait(WAIT)
         yield from process(items)
 
-    return Batcher(run, BatchingOptions(max_batch_size=2, window_seconds=60), name="test"), started, release
+    return Batcher(run, BatchingOptions(max_batch_size=2, window_ms=60000.0), name="test"), started, release
 
 
 def test_a_running_request_is_cancelled_through_its_mark():
@@ -231,7 +231,7 @@ def test_a_request_cancelled_in_a_failed_batch_is_not_retried():
 
 def test_close_fails_queued_work_and_finishes_the_running_batch():
     recorder = Recorder()
-    batcher = Batcher(recorder, BatchingOptions(window_seconds=0), name="test")
+    batcher = Batcher(recorder, BatchingOptions(window_ms=0.0), name="test")
     running = batcher.submit("block")
     assert recorder.started.wait(WAIT)
     queued = batcher.submit("later")
@@ -248,7 +248,7 @@ def test_close_fails_queued_work_and_finishes_the_running_batch():
 
 
 def test_options_are_validated():
-    with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
+    with pytest.raises(ValueError, match="max_batch_size must be at least 1"):
         BatchingOptions(max_batch_size=0)
-    with pytest.raises(ValueError, match="window_seconds must be >= 0"):
-        BatchingOptions(window_seconds=-1)
+    with pytest.raises(ValueError, match="window_ms must be at least 0"):
+        BatchingOptions(window_ms=-1)

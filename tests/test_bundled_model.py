@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engines
+from attnserve.server.registry import load_engines
 from attnserve.server.generation import (
     GREEDY,
     AttentionGranularity,
@@ -32,7 +32,7 @@ WORDS = AttentionOptions(enabled=True, granularity=AttentionGranularity.WORDS)
 @pytest.fixture(scope="module")
 def registry():
     if not (REPOSITORY / MODEL).is_dir():
-        pytest.skip(f"no bundled model at {REPOSITORY / MODEL} (export one: see README.md)")
+        pytest.skip(f"no bundled model at {REPOSITORY / MODEL} (export one: see docs/training.md)")
     registry = load_engines(REPOSITORY, RuntimeOptions(), BatchingOptions())
     yield registry
     registry.close()

@@ -14,8 +14,8 @@ import pytest
 
 from attnserve.export.speech.scoring import error_rate
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine
 from attnserve.server.generation import AudioInput, DecodingOptions, GenerationRequest
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 
@@ -36,7 +36,7 @@ def examples() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def engine(examples):
-    engine = load_engine(find_models(REPOSITORY)[NAME], RuntimeOptions(), BatchingOptions(max_batch_size=8, window_seconds=0.2))
+    engine = load_engine(find_models(REPOSITORY)[NAME], RuntimeOptions(), BatchingOptions(max_batch_size=8, window_ms=200.0))
     yield engine
     engine.close()
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine
+from attnserve.server.registry import load_engine
 from attnserve.server.generation import (
     AttentionOptions,
     AudioInput,
@@ -37,7 +37,7 @@ from fakes import MIXED_TEXTS, WAIT, recording_engine
 
 CONTINUOUS = BatchingOptions()  # the default
 FAIR = 16
-ALONE = BatchingOptions(max_batch_size=1, window_seconds=0.0, continuous=None)
+ALONE = BatchingOptions(max_batch_size=1, window_ms=0.0, continuous=None)
 # Newcomers encoded on the worker between steps: they join at the next step, whatever the encoder's speed.
 INLINE_ENCODING = BatchingOptions(continuous=SchedulingOptions(overlap_encoding=False))
 IMAGE_MAX_NEW = 6  # the tiny captioner's limit
@@ -238,6 +238,12 @@ def test_a_short_request_finishes_before_a_long_beam_search_that_started_earlier
     assert finished == ["short", "long"]
 
 
+def running_rows(engine) -> int:
+    """Batch rows decoding now (beams count one each): exact on the worker thread, as in a token callback."""
+    scheduler = engine._continuous.scheduler
+    return scheduler.rows if scheduler else 0
+
+
 def test_cancelling_a_running_request_frees_its_row_within_one_step(tiny_model_repo):
     # Encoded between steps, the other request joins at the very next step (the claim needs them together).
     continuous, alone = engines(tiny_model_repo, TINY_MODEL_NAME, INLINE_ENCODING)
@@ -246,7 +252,7 @@ def test_cancelling_a_running_request_frees_its_row_within_one_step(tiny_model_r
 
     def victim_token(token):
         if token.index == 0:  # the other request joins at the next step boundary
-            holder["kept"] = continuous.submit(other, lambda token: log.append(continuous.running_rows()))
+            holder["kept"] = continuous.submit(other, lambda token: log.append(running_rows(continuous)))
         if token.index == 4:
             continuous.cancel(holder["victim"])
             log.append("cancel")
@@ -277,7 +283,7 @@ def test_a_held_request_joins_once_it_has_company_or_the_hold_ends(tiny_model_re
     futures = []
 
     def first_token(token):
-        rows.append(continuous.running_rows())
+        rows.append(running_rows(continuous))
         if token.index == 0:
             futures.extend(continuous.submit(r) for r in late)
 
@@ -324,7 +330,7 @@ def test_the_running_batch_keeps_stepping_while_newcomers_are_encoded(tiny_model
         assert encoding.wait(WAIT)
         assert runtime.holding.wait(WAIT), "the running batch stopped while a newcomer was encoded"
         assert not encoded.is_set()  # decoder calls 2-5 ran while the encoder call was still blocked
-        assert engine.queued() == 1 and engine.running_rows() == 1  # the newcomer's row is reserved
+        assert engine.queued() == 1 and running_rows(engine) == 1  # the newcomer's row is reserved
         release.set()
         assert encoded.wait(WAIT)
         held_step.set()
@@ -461,7 +467,7 @@ def test_a_deadline_passing_mid_flight_frees_the_row_and_spares_the_neighbour(ti
 def test_an_idle_worker_starts_a_lone_request_at_once(tiny_model_repo):
     # A window far longer than the wait: a lone request that waited for it would time out.
     engine = load_engine(find_models(tiny_model_repo)[TINY_MODEL_NAME], RuntimeOptions(),
-                         BatchingOptions(window_seconds=10 * WAIT))
+                         BatchingOptions(window_ms=10000.0 * WAIT))
     try:
         for i in range(3):
             result = engine.generate(text(TINY_MODEL_NAME, i, new=4), WAIT)

@@ -8,18 +8,14 @@ import pytest
 import torch
 
 from attnserve.export.model import subsequent_mask
-from attnserve.server.decoding import (
-    Batch,
-    BeamSearch,
-    GreedySearch,
-    PreparedRequest,
-    decode,
-    make_strategy,
-)
+from attnserve.server.batch import Batch
+from attnserve.server.decoding import decode, make_strategy
 from attnserve.server.generation import FinishReason, GenerationRequest
 from attnserve.server.manifest import parse_manifest
+from attnserve.server.prepared import PreparedRequest
 from attnserve.server.preprocessing import TextPreprocessor, TextSource, pad_batch
 from attnserve.server.repository import find_models, open_runtime
+from attnserve.server.search import BeamSearch, GreedySearch
 from attnserve.server.tokenization import Tokenizer
 from fakes import MIXED_MAX_NEW, MIXED_TEXTS
 
@@ -154,7 +150,7 @@ def test_requests_without_attention_get_none_and_same_tokens(model, eos):
     assert all(a[i].token_ids.tolist() == b[i].token_ids.tolist() for i in range(3))
 
 
-def test_filter_and_select_keep_each_rows_computation(model):
+def test_select_keeps_each_rows_computation(model):
     manifest, runtime, _ = model
     requests = [prepare(model, i) for i in (0, 4, 5)]
     sources = [r.source for r in requests]
@@ -162,7 +158,7 @@ def test_filter_and_select_keep_each_rows_computation(model):
     batch = build(manifest, runtime, sources)
     batch.step(tokens)
     batch.step(np.array([9, 10, 11]))
-    batch.filter([0, 2])  # drops the longest source: its padding columns go too
+    batch.select([0, 2])  # drops the longest source: its padding columns go too
     got = batch.step(np.array([12, 13]))
     assert got.attention.shape[-1] == max(sources[0].length, sources[2].length)
 
@@ -177,8 +173,6 @@ def test_filter_and_select_keep_each_rows_computation(model):
     again = batch.step(np.array([14, 14, 14]))
     np.testing.assert_allclose(again.logits[0], again.logits[1], atol=ATOL)
     assert len(batch) == 3
-    with pytest.raises(ValueError, match="ascending, unique"):
-        batch.filter([1, 0])
 
 
 def test_cancelled_request_leaves_without_disturbing_the_others(model, eos):

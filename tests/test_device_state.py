@@ -21,7 +21,7 @@ import pytest
 from attnserve.export import server_graphs
 from attnserve.server import app, convert, kv_cache
 from attnserve.server.device_state import DeviceState
-from attnserve.server.engine import load_engine
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.server.serve_options import ServeOptions

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine, load_engines
+from attnserve.server.registry import load_engine, load_engines, open_model
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
@@ -76,7 +76,7 @@ def test_info_and_registry(registry, engine):
     assert (info.name, info.version, info.task) == (MODEL, 1, "translation")
     assert info.target_languages == ["en", "zh-TW"] and info.max_new_tokens == 40 and info.max_source_tokens == 48
     assert (info.attention_layers, info.attention_heads) == (2, 4)
-    assert registry.names() == [MODEL] and MODEL in registry and registry.infos() == [info]
+    assert registry.names() == [MODEL] and MODEL in registry and registry.get(MODEL).info == info
     with pytest.raises(ValueError, match="unknown model 'nope'; available: tiny-translate"):
         registry.get("nope")
 
@@ -308,6 +308,17 @@ def test_a_tokenizer_smaller_than_the_model_is_refused(tmp_path, tiny_model_repo
     with pytest.raises(ValueError, match=r"decoder.onnx: logits have \d+ classes but .*tokenizer.json has only"):
         load_engines(repo)
 
+
+
+def test_open_model_opens_one_model_by_name_and_names_the_others_when_it_is_missing(tiny_model_repo, registry):
+    engine = open_model(tiny_model_repo, MODEL)
+    try:
+        assert engine.info == registry.get(MODEL).info
+        assert engine.generate(request(0), WAIT).tokens == registry.get(MODEL).generate(request(0), WAIT).tokens
+    finally:
+        engine.close()
+    with pytest.raises(ValueError, match=f"no model 'nope' in the repository; it has {MODEL}"):
+        open_model(tiny_model_repo, "nope")
 
 def test_oversized_text_is_refused_without_tokenizing(engine, monkeypatch):
     limit = engine.manifest.limits.max_source_tokens * engine.tokenizer.max_piece_chars

@@ -19,8 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.server import app
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engines
 from attnserve.server.engine_process import ProcessEngine, load_process_engines
+from attnserve.server.registry import load_engines
 from attnserve.server.generation import (
     AttentionOptions,
     AudioInput,

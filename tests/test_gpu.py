@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engines
 from attnserve.server.generation import AttentionOptions, GenerationRequest
+from attnserve.server.registry import load_engines
 from attnserve.server.runtime import RuntimeOptions
 
 pytestmark = [

@@ -6,6 +6,7 @@ the caption and draws one heatmap panel per word."""
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 import zlib
@@ -19,7 +20,7 @@ from PIL import Image
 from attnserve.clients import cli, overlay
 from attnserve.clients.client import Client, image_request
 from attnserve.export.image.model import normalize
-from attnserve.server import app, preprocessing
+from attnserve.server import app, preprocessors, readiness
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionMatrix,
@@ -68,7 +69,7 @@ def served(repo):
 @pytest.fixture(scope="module")
 def preprocessor(served):
     engine = served[2][NAME]
-    return preprocessing.create(engine.manifest, None)
+    return preprocessors.create(engine.manifest, None)
 
 
 def reference(model, data: bytes) -> tuple[list[int], np.ndarray]:
@@ -212,6 +213,15 @@ def test_model_info_states_the_image_size_grid_and_limits(served):
     assert info.image.max_bytes == 60_000 and info.image.max_pixels == 100_000 and info.max_source_tokens == 16
     wire = stub.GetModel(pb.GetModelRequest(name=NAME), timeout=WAIT)
     assert wire.input_kind == pb.INPUT_KIND_IMAGE and wire.image.grid_rows == 4 and wire.image.max_pixels == 100_000
+
+
+def test_a_caption_model_warms_up_with_a_gray_image_of_its_size(served):
+    """Readiness: an image model gets a real warm-up generation before it is SERVING, like the others."""
+    engine = served[2][NAME]
+    request = readiness.warm_up_request(engine.info)
+    assert request is not None and Image.open(io.BytesIO(request.image.data)).size == (16, 16)
+    result = engine.generate(request, WAIT)
+    assert result.model == NAME and len(result.tokens) <= 1
 
 
 # ---- the command line and the overlay ------------------------------------------------------------------

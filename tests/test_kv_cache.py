@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnserve.server import kv_cache
-from attnserve.server.decoding import Batch
+from attnserve.server.batch import Batch
 from attnserve.server.preprocessing import TextPreprocessor, TextSource
 from attnserve.server.repository import find_models, open_runtime
 
@@ -126,7 +126,7 @@ def test_merged_dropped_and_repeated_rows_keep_their_own_slots(model):
             np.testing.assert_allclose(got.logits[row], alone[source][row_steps[row]][0][0], atol=ATOL)
         if step == 12:
             keep = [1, 2]  # row 0 leaves
-            batch.filter(keep)
+            batch.select(keep)
         elif step == 16:
             keep = [1, 1]  # only the late row, twice, as beams would
             batch.select(keep)
@@ -153,13 +153,13 @@ def test_a_newcomer_takes_a_finished_rows_slot_and_the_others_stay_put(model):
     for step in range(len(tokens)):
         if step == 4:  # row 0 leaves, a row of source 1 joins: it takes row 0's slot
             before = data_address(batch.slots.static[static]), batch.slots.size
-            batch.filter(np.arange(1, 5))
+            batch.select(np.arange(1, 5))
             batch.merge(build(manifest, runtime, [SOURCES[1]]))
             rows, starts = np.append(rows[1:], 1), np.append(starts[1:], step)
             assert (data_address(batch.slots.static[static]), batch.slots.size) == before
             np.testing.assert_array_equal(batch.slot_of_rows, [1, 2, 3, 4, 0])
         if step == 9:  # three rows leave: the last row's slot moves into a hole, the decoder runs 2 slots
-            batch.filter(np.array([0, 4]))
+            batch.select(np.array([0, 4]))
             rows, starts = rows[[0, 4]], starts[[0, 4]]
             assert batch.slots.size == 2 and sorted(batch.slot_of_rows) == [0, 1]
         row_steps = step - starts
@@ -225,7 +225,7 @@ def test_the_source_axis_narrows_when_the_longest_rows_leave(model):
     for step in range(len(tokens)):
         if step == 3:
             assert batch.slots.width == len(SOURCES[2])
-            batch.filter(np.array([1, 3]))  # the 9-token sources leave, the 3-token ones stay
+            batch.select(np.array([1, 3]))  # the 9-token sources leave, the 3-token ones stay
             assert batch.slots.width == len(SOURCES[1])
         got = batch.step(np.full(len(batch), tokens[step]))
         if step >= 3:
@@ -256,7 +256,7 @@ def test_random_joins_leaves_repeats_and_splits_keep_every_row_equal_to_alone(mo
         old = step - starts >= len(tokens) - 1  # rows about to run out of reference steps leave
         if old.any():
             keep = np.flatnonzero(~old)
-            batch.filter(keep)
+            batch.select(keep)
             rows, starts = rows[keep], starts[keep]
         action = rng.choice(["join", "leave", "repeat", "split", "none"], p=[0.3, 0.2, 0.15, 0.1, 0.25])
         if action == "join" or len(rows) == 0:
@@ -265,7 +265,7 @@ def test_random_joins_leaves_repeats_and_splits_keep_every_row_equal_to_alone(mo
             rows, starts = np.concatenate([rows, picked]), np.concatenate([starts, np.full(len(picked), step)])
         elif action == "leave":
             keep = np.flatnonzero(rng.random(len(rows)) < 0.7)
-            batch.filter(keep)
+            batch.select(keep)
             rows, starts = rows[keep], starts[keep]
         elif action == "repeat":
             keep = np.sort(rng.integers(len(rows), size=len(rows)))

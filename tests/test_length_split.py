@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from attnserve.server.batch import Batch
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.decoding import Batch
 from attnserve.server.lane import Group, Lane
 from attnserve.server.scheduler import CALL_OVERHEAD_POSITIONS, Scheduler, SchedulingOptions
 from conftest import TINY_MODEL_NAME

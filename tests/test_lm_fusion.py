@@ -16,10 +16,10 @@ from attnserve.clients.client import audio_request
 from attnserve.export.ngram_build import build
 from attnserve.server import app
 from attnserve.server.audio import read_wav, resample
-from attnserve.server.engine import load_engine
 from attnserve.server.features import log_mel
 from attnserve.server.generation import AudioInput, GenerationRequest
 from attnserve.server.manifest import load_manifest
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 from conftest import TINY_SPEECH_NAME as NAME

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnserve.export.model_card import ALIGNMENT_TITLE, alignment_lines, with_section
+from attnserve.export.model_card import ALIGNMENT_TITLE, VERSIONS_TITLE, alignment_lines, with_section, write_card
 
 REPORT = {
     "pairs": 12,
@@ -65,3 +65,15 @@ def test_the_lecture_section_names_the_search_that_answered():
     report = {"right": 1, "total": 1, "results": [result]}
     assert ", served greedy." in "\n".join(lecture_section(report, None))  # reports before the key: greedy
     assert ", served with 4 beams (the default search)." in "\n".join(lecture_section({**report, "beam_size": 4}, None))
+
+
+def test_a_regenerated_card_keeps_the_story_of_each_version(tmp_path):
+    out = tmp_path / "README.md"
+    story = [VERSIONS_TITLE, "", "Version 2 continued version 1:", "", "```bash", "train --minutes 90", "```"]
+    out.write_text(with_section(CARD, story))
+    write_card(out, CARD.replace("x", "new scores"))
+    card = out.read_text()
+    assert "new scores" in card and "train --minutes 90" in card and card.count(VERSIONS_TITLE) == 1
+    assert card.index(VERSIONS_TITLE) < card.index("## Files")
+    write_card(out, CARD)  # and so does the next regeneration
+    assert "train --minutes 90" in out.read_text()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnserve.server import preprocessing
+from attnserve.server import preprocessors
 from attnserve.server.audio import AudioPreprocessor
 from attnserve.server.generation import GenerationRequest, ImageInput, InputKind, InputTooLargeError, ModelInfo
 from attnserve.server.image import ImagePreprocessor
@@ -21,19 +21,19 @@ BASE = ModelInfo("m", 1, "t", "", ["en"], ["en"], 0, 9, 1, 1)
 @pytest.fixture(scope="module")
 def text(tiny_model_dir) -> TextPreprocessor:
     manifest = load_manifest(tiny_model_dir / "manifest.json")
-    return preprocessing.create(manifest, Tokenizer.from_manifest(tiny_model_dir, manifest))
+    return preprocessors.create(manifest, Tokenizer.from_manifest(tiny_model_dir, manifest))
 
 
 @pytest.fixture(scope="module")
 def image() -> ImagePreprocessor:
     data = captioner_manifest()
     data["input"].update(height=4, width=6, channels=3, grid={"rows": 2, "cols": 3}, max_bytes=100)
-    return preprocessing.create(parse_manifest(data), None)
+    return preprocessors.create(parse_manifest(data), None)
 
 
 def test_each_kind_gets_its_preprocessor(text, image):
     assert type(text) is TextPreprocessor and type(image) is ImagePreprocessor
-    assert type(preprocessing.create(parse_manifest(speller_manifest()), None)) is AudioPreprocessor
+    assert type(preprocessors.create(parse_manifest(speller_manifest()), None)) is AudioPreprocessor
 
 
 # ---- text ----------------------------------------------------------------------------------------------
@@ -91,7 +91,7 @@ def test_grid_cells_are_labelled_with_their_pixel_boxes(image):
         "r1c0:0,2,2,4", "r1c1:2,2,4,4", "r1c2:4,2,6,4",
     ]
     assert parse_manifest(captioner_manifest()).input.grid_rows == 7
-    big = preprocessing.create(parse_manifest(captioner_manifest()), None)
+    big = preprocessors.create(parse_manifest(captioner_manifest()), None)
     labels = big.cell_labels()
     assert len(labels) == 49 and labels[8] == "r1c1:32,32,64,64" and labels[-1] == "r6c6:192,192,224,224"
 

@@ -58,7 +58,7 @@ def served(tiny_model_repo):
     """(address, name of the tiny model) of a real server on a free port."""
     from attnserve.server.app import BackgroundServer
     from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.engine import load_engines
+    from attnserve.server.registry import load_engines
     from attnserve.server.runtime import RuntimeOptions
 
     registry = load_engines(tiny_model_repo, RuntimeOptions(), BatchingOptions())

@@ -184,8 +184,9 @@ class _FaultyRuntime:
         self.recording = recording
         self.poison_length = poison_length
         self.faults = 0
-        self.providers = recording.runtime.providers
-        self.variant = recording.variant
+
+    def __getattr__(self, name):
+        return getattr(self.recording, name)  # everything but the two calls is the recording runtime's
 
     def encode(self, feeds):
         return self.recording.encode(feeds)
@@ -200,10 +201,10 @@ class _FaultyRuntime:
 def test_injected_runtime_error_fails_only_its_request_as_internal(tiny_model_repo, caplog):
     from attnserve.server.batcher import BatchingOptions
 
-    engine, recording = recording_engine(tiny_model_repo, TINY, BatchingOptions(window_seconds=0.2))
     poison = "知" * 30
-    poison_length = len(engine.tokenizer.encode(poison))
-    engine.runtime = _FaultyRuntime(recording, poison_length)
+    engine, recording = recording_engine(tiny_model_repo, TINY, BatchingOptions(window_ms=200.0),
+                                         wrap=lambda recording: _FaultyRuntime(recording, None))
+    engine.runtime.poison_length = len(engine.tokenizer.encode(poison))
     texts = ["hello world", poison, "Open the file", "知識就是力量。"]
     with app.BackgroundServer({TINY: engine}) as background, grpc.insecure_channel(background.address) as channel:
         generate = pb_grpc.AttnServeStub(channel).Generate

@@ -10,8 +10,8 @@ from attnserve.clients.client import Client
 from attnserve.clients.errors import InvalidArgument
 from attnserve.server import app
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine
 from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 

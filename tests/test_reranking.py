@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from attnserve.export import bpe
 from attnserve.server import app, convert
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine
 from attnserve.server.engine_process import load_process_engines
 from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest, GenerationResult
 from attnserve.server.preprocessing import TextSource
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.v1 import attnserve_pb2 as pb

@@ -13,12 +13,15 @@ import shutil
 import numpy as np
 import pytest
 
-from attnserve.server.decoding import Batch, BeamSearch, GreedySearch, decode, log_softmax, make_strategy
-from attnserve.server.engine import load_engine
+from attnserve.server.batch import Batch
+from attnserve.server.decoding import decode, make_strategy
 from attnserve.server.generation import DecodingOptions, FinishReason, GenerationRequest, SamplingOptions
+from attnserve.server.log_softmax import log_softmax
 from attnserve.server.output_rules import OutputRules, repeated_ngram_completions
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.sampling import draw_token
+from attnserve.server.search import BeamSearch, GreedySearch
 from conftest import TINY_MODEL_NAME
 from fakes import MIXED_TEXTS, WAIT
 

@@ -19,8 +19,8 @@ from attnserve.clients.client import AttnServeError, Client, audio_request
 from attnserve.server import app
 from attnserve.server.audio import read_wav, resample
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engine
 from attnserve.server.features import log_mel
+from attnserve.server.registry import load_engine
 from attnserve.server.generation import (
     AttentionGranularity,
     AudioInput,

@@ -22,9 +22,9 @@ from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellCo
 from attnserve.export.speech.specaugment import AugmentOptions, SpecAugment, warp_mel
 from attnserve.export.speech.train import Batch, TrainOptions, collate, joint_loss, make_batches
 from attnserve.server.audio import AudioPreprocessor
-from attnserve.server.engine import load_engine
 from attnserve.server.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
 from attnserve.server.manifest import load_manifest
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.server.tokenization import Tokenizer as ServedTokenizer

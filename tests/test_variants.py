@@ -10,8 +10,8 @@ import pytest
 from attnserve.clients.client import Client
 from attnserve.export.quantize import quantize_folder
 from attnserve.server import app
-from attnserve.server.engine import load_engine
 from attnserve.server.generation import GenerationRequest
+from attnserve.server.registry import load_engine
 from attnserve.server.repository import find_models
 from attnserve.server.runtime import RuntimeOptions
 
@@ -95,7 +95,7 @@ def test_the_float16_variant_computes_what_float32_does_to_half_precision(half_r
     outputs (the cache and the decode loop are unchanged) and their logits stay within float16's reach."""
     import numpy as np
 
-    from attnserve.server.decoding import Batch
+    from attnserve.server.batch import Batch
 
     model = find_models(half_repo)[MODEL]
     engines = {v: load_engine(model, RuntimeOptions(variant=v)) for v in ("", "fp16")}

@@ -17,7 +17,7 @@ from PIL import Image
 from attnserve.clients import cli, filmstrip
 from attnserve.export.video.model import normalize
 from attnserve.export.video.render import encode_video
-from attnserve.server import app, preprocessing
+from attnserve.server import app, preprocessors
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
@@ -75,7 +75,7 @@ def served(repo):
 
 @pytest.fixture(scope="module")
 def preprocessor(served):
-    return preprocessing.create(served[1][NAME].manifest, None)
+    return preprocessors.create(served[1][NAME].manifest, None)
 
 
 # ---- decoding ------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 
 from attnserve.export.image.model import ShowAttendTellConfig
 from attnserve.export.image.objects import OBJECTS
-from attnserve.export.model_card import size_table
+from attnserve.export.model_card import size_table, write_card
 
 POINTING_TARGET = 0.8  # the aim for strict pointing
 
@@ -172,9 +172,7 @@ def main() -> None:
     card = render(checkpoint, json.loads(args.scores.read_text()), corpus,
                   json.loads(args.parity.read_text())["max_abs_diff"], args.model_dir,
                   json.loads(args.previous_scores.read_text()) if args.previous_scores else None)
-    out = args.model_dir.parent / "README.md"
-    out.write_text(card)
-    print(f"wrote {out}")
+    write_card(args.model_dir.parent / "README.md", card)
 
 
 if __name__ == "__main__":

@@ -38,14 +38,14 @@ def voice_group(row: dict) -> str:
 def open_engine(model_dir: pathlib.Path, max_batch: int = 16):
     """The model of a version folder (models/<name>/<version>), loaded as `attnserve serve` loads it."""
     from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.engine import load_engine
+    from attnserve.server.registry import load_engine
     from attnserve.server.repository import find_models
 
     name = model_dir.parent.name
     models = find_models(model_dir.parent.parent)
     if models[name].path.resolve() != model_dir.resolve():
         raise ValueError(f"{model_dir} is not the newest version of {name}; the server would serve {models[name].path}")
-    return load_engine(models[name], batching=BatchingOptions(max_batch_size=max_batch, window_seconds=0.05))
+    return load_engine(models[name], batching=BatchingOptions(max_batch_size=max_batch, window_ms=50.0))
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import pathlib
 
 import torch
 
-from attnserve.export.model_card import size_table
+from attnserve.export.model_card import size_table, write_card
 from attnserve.export.speech.model import ListenAttendSpellConfig
 
 
@@ -265,9 +265,7 @@ def main() -> None:
     noise = json.loads(args.noise_scores.read_text()) if args.noise_scores else None
     card = render(checkpoint, json.loads(args.scores.read_text()), json.loads(args.corpus_stats.read_text()),
                   args.model_dir, previous, args.ctc_loss_weight, default, noise)
-    out = args.model_dir.parent / "README.md"
-    out.write_text(card)
-    print(f"wrote {out}")
+    write_card(args.model_dir.parent / "README.md", card)
 
 
 if __name__ == "__main__":
