@@ -17,7 +17,7 @@ from PIL import Image
 from attnserve.clients import cli, filmstrip
 from attnserve.export.video.model import normalize
 from attnserve.export.video.render import encode_video
-from attnserve.server import app, preprocessors
+from attnserve.server import app, preprocessors, readiness
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
@@ -211,6 +211,16 @@ def test_a_batch_of_clips_equals_each_clip_alone(served, repo, mode):
         assert [t.id for t in result.tokens] == [t.id for t in alone.tokens]
         np.testing.assert_allclose(result.attention.weights, alone.attention.weights, atol=ATOL)
         np.testing.assert_allclose([f.timeline for f in result.frames], [f.timeline for f in alone.frames], atol=ATOL)
+
+
+def test_a_video_model_warms_up_with_gray_stills_of_its_size(served):
+    """Readiness: a video model gets a real warm-up generation (stills: no PyAV needed) before it is SERVING."""
+    engine = served[1][NAME]
+    request = readiness.warm_up_request(engine.info)
+    assert request is not None and len(request.video.frames) == FRAMES and not request.video.data
+    assert Image.open(io.BytesIO(request.video.frames[0])).size == (SIDE, SIDE)
+    result = engine.generate(request, WAIT)
+    assert result.model == NAME and len(result.tokens) <= 1
 
 
 def test_model_info_states_the_frames_grid_and_limits(served):

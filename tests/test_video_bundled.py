@@ -17,7 +17,7 @@ from attnserve.export.video import clips, scoring
 from attnserve.export.video.evaluate import attention_of
 from attnserve.export.video.render import FrameRenderer, clip_file
 from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import load_engines
+from attnserve.server.registry import load_engines
 from attnserve.server.generation import AttentionGranularity, AttentionOptions, GenerationRequest, VideoInput
 from attnserve.server.runtime import RuntimeOptions
 
