@@ -26,7 +26,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from attnserve.clients import comparison, heatmap, languages, timeline
+from attnserve.clients import comparison, heatmap, languages, timeline, transcription
 from attnserve.clients.client import (
     DEFAULT_ADDRESS,
     DEFAULT_MODEL,
@@ -108,7 +108,17 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     _add_status(commands)
     if server_commands:
         _add_web(commands)
+        _add_import(commands)
     return parser
+
+
+def _add_import(commands) -> None:
+    imports = commands.add_parser("import", help="turn a transformers checkpoint folder into a served model")
+    # Its flags import nothing heavy; the importer itself (torch, transformers) loads only when it runs.
+    from attnserve.export.importers import command as import_command
+
+    import_command.add_arguments(imports)
+    imports.set_defaults(run=import_command.run)
 
 
 # Every option the CLI leaves unset (None) takes the request contract's default (server/generation.py); the
@@ -198,8 +208,13 @@ def _add_compare(commands) -> None:
 
 
 def _add_transcribe(commands) -> None:
-    transcribe = commands.add_parser("transcribe", help="transcribe a WAV file, with each word's time span")
-    transcribe.add_argument("file", help="a WAV file (16/32-bit PCM or float, any common rate); - reads stdin")
+    transcribe = commands.add_parser("transcribe", help="transcribe an audio file, with each word's time span")
+    transcribe.add_argument("file", help="an audio file: WAV (16/32-bit PCM or float), FLAC, Ogg, MP3 or M4A (as the "
+                            "server reads: `attnserve models`), any common rate, up to an hour; - reads stdin")
+    transcribe.add_argument("--srt", metavar="OUT.srt", help="write subtitles (SubRip) of the transcript")
+    transcribe.add_argument("--vtt", metavar="OUT.vtt", help="write subtitles (WebVTT) of the transcript")
+    transcribe.add_argument("--progress", action="store_true",
+                            help="show the progress bar of a long recording even when stderr is not a terminal")
     transcribe.add_argument(
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
         help="show each word's time span and its attention over time: in the terminal, or as a PNG given a path",
@@ -241,6 +256,9 @@ def _add_web(commands) -> None:
     web = commands.add_parser("web", help="serve the browser demo, an HTTP gateway to the server at --address")
     web.add_argument("--host", default="127.0.0.1", help="interface of the page (default: %(default)s)")
     web.add_argument("--port", type=int, default=8080, help="HTTP port of the page (default: %(default)s)")
+    web.add_argument("--tls-cert", metavar="PEM", help="serve the page over HTTPS with this certificate chain "
+                     "(with --tls-key): browsers allow the microphone on other machines only over HTTPS")
+    web.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     _add_address(web)
     web.set_defaults(run=_web)
 
@@ -357,7 +375,12 @@ def _transcribe(args: argparse.Namespace) -> None:
         model = args.model or _first_audio_model(client)
         request = audio_request(data, model=model, attention=args.attention is not None, granularity="words",
                                 beam_size=args.beam_size)
-        result = client.generate(request)
+        # The stream shows a long recording's progress, segment by segment.
+        show = args.progress or sys.stderr.isatty()
+        result = transcription.transcribe(client, request, sys.stderr if show else None)
+    for path, kind in ((args.srt, "srt"), (args.vtt, "vtt")):
+        if path:
+            transcription.write_subtitles(result, path, kind)
     if args.attention:
         _drawing("plot").save_timeline(result.words, result.attention, args.attention)
     if args.json:
@@ -561,10 +584,17 @@ def _web(args: argparse.Namespace) -> None:
         from attnserve.clients.web import gateway
     except ImportError as exc:  # aiohttp comes with the `web` extra
         raise SystemExit(f"error: the web demo needs the web extra (pip install 'attnserve[web]'): {exc}") from None
-    print(f"attnserve web: http://{args.host}:{args.port}/ (gRPC server: {args.address})", flush=True)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise SystemExit("error: --tls-cert and --tls-key go together: give both or neither")
+    try:
+        page_tls = gateway.tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    scheme = "https" if page_tls else "http"
+    print(f"attnserve web: {scheme}://{args.host}:{args.port}/ (gRPC server: {args.address})", flush=True)
     _connect(args).close()  # checks the flags here; the gateway makes its own asyncio client from them
     try:
-        gateway.run(args.address, args.host, args.port, **_connection(args))
+        gateway.run(args.address, args.host, args.port, page_tls, **_connection(args))
     except OSError as exc:  # the port is in use, or the host is not an interface of this machine
         raise SystemExit(f"error: {exc}") from None
 
@@ -573,9 +603,13 @@ def _input_line(info: ModelInfo) -> str:
     """What the model reads, with the limits a request must respect."""
     if info.audio is not None:
         a = info.audio
+        files = ", ".join(f.upper() for f in a.formats) or "WAV"
+        # A server that cuts long recordings at pauses says how long they may be.
+        long_form = (f" (longer, cut at pauses: up to {a.long_form_max_seconds:g} s and {a.long_form_max_bytes} "
+                     "bytes)") if a.long_form_max_seconds else ""
         return (
-            f"audio (WAV or samples, resampled to {a.sample_rate_hz} Hz), at most {a.max_seconds:g} s and "
-            f"{a.max_bytes} bytes; {a.seconds_per_column:g} s per attention column"
+            f"audio ({files} or samples, resampled to {a.sample_rate_hz} Hz), at most {a.max_seconds:g} s and "
+            f"{a.max_bytes} bytes{long_form}; {a.seconds_per_column:g} s per attention column"
         )
     if info.image is not None:
         i = info.image

@@ -42,6 +42,7 @@ from attnserve.server.generation import (
     ModelInfo,
     SamplingOptions,
     StreamedToken,
+    TranscriptSegment,
     VideoInput,
 )
 from attnserve.v1 import attnserve_pb2 as pb
@@ -250,8 +251,9 @@ class Client(_Settings):
 
     def stream(
         self, request: GenerationRequest, source_language: str | None = None, stream_interval: int = 0
-    ) -> Iterator[StreamedToken | GenerationResult]:
-        """Yields a `StreamedToken` per generated token, then the `GenerationResult`.
+    ) -> Iterator[StreamedToken | TranscriptSegment | GenerationResult]:
+        """Yields a `StreamedToken` per generated token, then the `GenerationResult`. Audio longer than the
+        model's window (long-form) yields a `TranscriptSegment` per segment instead, as each is transcribed.
 
         A token carries its attention row (one weight per source piece, EOS included) when the request
         asked for attention, at either granularity; the final result has the whole matrix. Leaving the
@@ -367,8 +369,9 @@ class AsyncClient(_Settings):
 
     async def stream(
         self, request: GenerationRequest, source_language: str | None = None, stream_interval: int = 0
-    ) -> AsyncIterator[StreamedToken | GenerationResult]:
-        """Yields a `StreamedToken` per generated token, then the `GenerationResult` (see `Client.stream`)."""
+    ) -> AsyncIterator[StreamedToken | TranscriptSegment | GenerationResult]:
+        """Yields a `StreamedToken` per generated token (or a long-form request's `TranscriptSegment`s), then
+        the `GenerationResult` (see `Client.stream`)."""
         message = convert.request_to_proto(request, source_language)
         message.stream_interval = stream_interval
         deadline, failed = self._deadline(), 0
@@ -425,6 +428,8 @@ class AsyncClient(_Settings):
         await self.close()
 
 
-def _flattened(converted: list[StreamedToken] | GenerationResult) -> list[StreamedToken | GenerationResult]:
-    """A stream message's tokens (one, or a batch's), or its final result, as items to yield one by one."""
+def _flattened(
+    converted: list[StreamedToken | TranscriptSegment] | GenerationResult,
+) -> list[StreamedToken | TranscriptSegment | GenerationResult]:
+    """A stream message's tokens (one, or a batch's), its segment, or its final result, as items to yield."""
     return converted if isinstance(converted, list) else [converted]

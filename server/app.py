@@ -291,6 +291,9 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
 
         registry = engines_registry.load_engines(options.models, runtime, batching, broken, options.only_models)
         engines = {name: registry.get(name) for name in registry.names()}
+    from attnserve.server import longform
+
+    engines = longform.wrap(engines, longform.LongFormOptions(max_seconds=options.long_form_max_minutes * 60))
     try:
         for name in list(engines):
             try:

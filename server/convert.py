@@ -18,6 +18,9 @@ DEFAULT_PORT = 50051
 # Large enough for a 256 x 256 attention matrix many times over and for the audio inputs to come;
 # gRPC's 4 MiB default receive limit would be the first thing to break for long audio.
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+# What a client may send: a long-form recording up to the servers' default long_form_max_bytes (128 MiB,
+# server/longform.py) with room for the request around it. Each server refuses what its models cannot use.
+MAX_REQUEST_BYTES = 160 * 1024 * 1024
 
 _FINISH_REASONS = {
     gen.FinishReason.EOS: pb.FINISH_REASON_EOS,
@@ -192,6 +195,7 @@ def result_to_proto(result: gen.GenerationResult) -> pb.GenerateResponse:
         timings=pb.Timings(**dataclasses.asdict(timings)),  # the message mirrors the dataclass field by field
         words=[pb.WordTiming(**dataclasses.asdict(w)) for w in result.words],
         nbest=[_scored_to_proto(s) for s in result.nbest],
+        segments=[segment_to_proto(s) for s in result.segments],
         frames=[pb.FrameAttention(**dataclasses.asdict(f)) for f in result.frames],
     )
 
@@ -217,9 +221,31 @@ def result_from_proto(msg: pb.GenerateResponse) -> gen.GenerationResult:
         timings=gen.Timings(**{f.name: getattr(timings, f.name) for f in dataclasses.fields(gen.Timings)}),
         words=[gen.WordTiming(w.word, w.start_seconds, w.end_seconds) for w in msg.words],
         nbest=[_scored_from_proto(s) for s in msg.nbest],
+        segments=[segment_from_proto(s) for s in msg.segments],
         frames=[gen.FrameAttention(f.word, list(f.timeline), list(f.frame_seconds), f.peak_frame, list(f.heatmap))
                 for f in msg.frames],
     )
+
+
+def segment_to_proto(segment: gen.TranscriptSegment) -> pb.TranscriptSegment:
+    return pb.TranscriptSegment(
+        index=segment.index,
+        count=segment.count,
+        start_seconds=segment.start_seconds,
+        end_seconds=segment.end_seconds,
+        text=segment.text,
+        words=[pb.WordTiming(**dataclasses.asdict(w)) for w in segment.words],
+        finish_reason=_FINISH_REASONS[segment.finish_reason],
+    )
+
+
+def segment_from_proto(msg: pb.TranscriptSegment) -> gen.TranscriptSegment:
+    """Raises: ValueError: an unknown finish reason."""
+    finish = {wire: reason for reason, wire in _FINISH_REASONS.items()}.get(msg.finish_reason)
+    if finish is None:
+        raise ValueError(f"unknown finish reason {msg.finish_reason}")
+    words = [gen.WordTiming(w.word, w.start_seconds, w.end_seconds) for w in msg.words]
+    return gen.TranscriptSegment(msg.index, msg.count, msg.start_seconds, msg.end_seconds, msg.text, words, finish)
 
 
 def _scored_to_proto(sequence: gen.ScoredSequence) -> pb.ScoredSequence:
@@ -307,8 +333,11 @@ def token_event_to_proto(event: gen.StreamedToken) -> pb.GenerateStreamResponse:
     return pb.GenerateStreamResponse(token=_token_event(event))
 
 
-def token_events_to_proto(events: list[gen.StreamedToken]) -> pb.GenerateStreamResponse:
-    """One stream message for consecutive tokens: a TokenEvent for one, a TokenBatch for more."""
+def token_events_to_proto(events: list[gen.StreamedToken | gen.TranscriptSegment]) -> pb.GenerateStreamResponse:
+    """One stream message for consecutive tokens: a TokenEvent for one, a TokenBatch for more; or for a
+    long-form request's segment (always alone), a TranscriptSegment."""
+    if len(events) == 1 and isinstance(events[0], gen.TranscriptSegment):
+        return segment_event_to_proto(events[0])
     if len(events) == 1:
         return token_event_to_proto(events[0])
     return pb.GenerateStreamResponse(tokens=pb.TokenBatch(tokens=[_token_event(e) for e in events]))
@@ -320,13 +349,19 @@ def _token_event(event: gen.StreamedToken) -> pb.TokenEvent:
     )
 
 
+def segment_event_to_proto(segment: gen.TranscriptSegment) -> pb.GenerateStreamResponse:
+    return pb.GenerateStreamResponse(segment=segment_to_proto(segment))
+
+
 def final_to_proto(result: gen.GenerationResult) -> pb.GenerateStreamResponse:
     return pb.GenerateStreamResponse(response=result_to_proto(result))
 
 
-def stream_events_from_proto(msg: pb.GenerateStreamResponse) -> list[gen.StreamedToken] | gen.GenerationResult:
-    """Converts one stream message to its `StreamedToken`s (one, or a batch's) or, for the final message, the
-    result.
+def stream_events_from_proto(
+    msg: pb.GenerateStreamResponse,
+) -> list[gen.StreamedToken | gen.TranscriptSegment] | gen.GenerationResult:
+    """Converts one stream message to its `StreamedToken`s (one, or a batch's), a long-form request's
+    transcribed segment, or, for the final message, the result.
 
     Raises:
         ValueError: the message carries none of them.
@@ -336,9 +371,11 @@ def stream_events_from_proto(msg: pb.GenerateStreamResponse) -> list[gen.Streame
         return [_streamed_token(msg.token)]
     if kind == "tokens":
         return [_streamed_token(event) for event in msg.tokens.tokens]
+    if kind == "segment":
+        return [segment_from_proto(msg.segment)]
     if kind == "response":
         return result_from_proto(msg.response)
-    raise ValueError("stream message carries neither tokens nor a response")
+    raise ValueError("stream message carries neither tokens, a segment nor a response")
 
 
 def _streamed_token(event: pb.TokenEvent) -> gen.StreamedToken:
@@ -379,10 +416,14 @@ def model_info_from_proto(msg: pb.ModelInfo) -> gen.ModelInfo:
     return gen.ModelInfo(
         **values,
         input_kind=kinds[msg.input_kind],
-        audio=_fields(gen.AudioInputInfo, msg.audio) if msg.HasField("audio") else None,
+        audio=_audio_info_from_proto(msg.audio) if msg.HasField("audio") else None,
         image=_fields(gen.ImageInputInfo, msg.image) if msg.HasField("image") else None,
         video=_fields(gen.VideoInputInfo, msg.video) if msg.HasField("video") else None,
     )
+
+
+def _audio_info_from_proto(msg: pb.AudioInputInfo) -> gen.AudioInputInfo:
+    return dataclasses.replace(_fields(gen.AudioInputInfo, msg), formats=tuple(msg.formats))
 
 
 def _fields(cls, msg):

@@ -226,6 +226,20 @@ class FinishReason(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class TranscriptSegment:
+    """One stretch of a recording longer than the model's window, cut at pauses and transcribed alone
+    (server/longform.py). A stream yields each as soon as it is transcribed; the result lists them all."""
+
+    index: int  # position among the recording's segments, in time order, counted from 0
+    count: int  # how many segments the recording was cut into
+    start_seconds: float  # where the segment starts, from the start of the recording
+    end_seconds: float  # where it ends
+    text: str  # its transcript
+    words: list[WordTiming]  # its words, timed from the start of the recording (not of the segment)
+    finish_reason: FinishReason  # why its decoding stopped
+
+
+@dataclasses.dataclass(frozen=True)
 class Timings:
     queue_seconds: float  # accepted -> first model call for this request
     encode_seconds: float  # encoder call of the batch it ran in
@@ -261,6 +275,8 @@ class GenerationResult:
     # DecodingOptions.num_return_sequences > 1: the best sequences, best first (the first is the output
     # above); at most that many, fewer when the model can produce fewer. Else empty.
     nbest: list[ScoredSequence] = dataclasses.field(default_factory=list)
+    # Audio longer than the model's window (long-form): its segments in time order; else empty.
+    segments: list[TranscriptSegment] = dataclasses.field(default_factory=list)
     # Video input with attention: each output row's attention per frame and over its most-attended frame.
     frames: list[FrameAttention] = dataclasses.field(default_factory=list)
 
@@ -284,6 +300,13 @@ class AudioInputInfo:
     max_seconds: float  # longest accepted audio
     max_bytes: int  # largest accepted WAV file (raw samples count 4 bytes each)
     seconds_per_column: float  # time one attention column spans (frame shift x the encoder's time reduction)
+    # Long-form: audio longer than max_seconds, up to this long, is cut at pauses and transcribed segment by
+    # segment (server/longform.py); 0 = not accepted (an older server, or a model it does not cut).
+    long_form_max_seconds: float = 0.0
+    # The largest long-form AudioInput data, in bytes (one hour of 16 kHz 16-bit mono WAV fits).
+    long_form_max_bytes: int = 0
+    # Audio file formats AudioInput data may be in, e.g. ("wav", "flac", "ogg", "mp3"); () = WAV only.
+    formats: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -172,12 +172,16 @@ class TextPreprocessor(Preprocessor):
             raise ValueError("text is empty; give the text to translate")
         name, limit = self.manifest.name, self.manifest.limits.max_source_tokens
         # Every piece covers at most max_piece_chars characters: refuse a surely-too-long text untokenized.
-        if len(request.text) > limit * self.tokenizer.max_piece_chars:
+        chars = limit * self.tokenizer.source.max_piece_chars
+        if len(request.text) > chars:
             raise ValueError(
                 f"source is {len(request.text)} characters long; model '{name}' accepts at most {limit} tokens, "
-                f"which is never more than {limit * self.tokenizer.max_piece_chars} characters"
+                f"which is never more than {chars} characters"
             )
         ids = self.tokenizer.encode(request.text)
+        if self.manifest.source_prefix:  # the target language's token first (manifest source_prefix)
+            language = request.target_language or self.manifest.target_languages[0]
+            ids = [self.manifest.source_prefix[language], *ids] if language in self.manifest.source_prefix else ids
         if len(ids) > limit:
             raise ValueError(f"source is {len(ids)} tokens long (EOS included); model '{name}' accepts at most {limit}")
         return TextSource(tuple(ids))
@@ -189,10 +193,10 @@ class TextPreprocessor(Preprocessor):
         return EncoderBatch({inputs["input_ids"]: ids, inputs["attention_mask"]: mask}, mask.sum(axis=1))
 
     def source_tokens(self, source: TextSource) -> list[Token]:
-        return [Token(p, i, 0.0) for p, i in zip(self.tokenizer.pieces(source.ids), source.ids)]
+        return [Token(p, i, 0.0) for p, i in zip(self.tokenizer.source.pieces(source.ids), source.ids)]
 
     def source_words(self, source: TextSource) -> Words:
-        return self.tokenizer.words(source.ids)
+        return self.tokenizer.source.words(source.ids)
 
     def describe(self, info: ModelInfo) -> ModelInfo:
         return dataclasses.replace(info, input_kind=self.kind, max_source_tokens=self.manifest.limits.max_source_tokens)

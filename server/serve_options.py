@@ -64,6 +64,9 @@ class ServeOptions:
     grace_seconds: float = bounded(10.0, least=0)  # how long in-flight requests may finish after a shutdown signal
     # Bytes of requests handled at once (audio and images are the big ones); more are RESOURCE_EXHAUSTED.
     max_inflight_request_mb: float = bounded(256.0, above=0)
+    # Audio models: recordings longer than the model's window, up to this long, are cut at pauses and
+    # transcribed segment by segment (server/longform.py); 0 = the window is the limit.
+    long_form_max_minutes: float = bounded(60.0, least=0)
     skip_broken_models: bool = False  # serve the healthy models when some fail to load (those: NOT_SERVING)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the port speaks TLS only
     tls_key: str | None = None  # PEM private key
@@ -209,6 +212,11 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--max-inflight-request-mb": (
         "max_inflight_request_mb",
         dict(type=float, help="MiB of requests handled at once; more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+    ),
+    "--long-form-max-minutes": (
+        "long_form_max_minutes",
+        dict(type=float, help="audio models: transcribe recordings longer than the model's window, up to this "
+             "many minutes, cut at pauses (default: %(default)s; 0 = refuse them)"),
     ),
     "--skip-broken-models": (
         "skip_broken_models",

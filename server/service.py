@@ -246,6 +246,9 @@ class _TokenStream:
         shorter), until the engine finishes. Raises TimeoutError as `events` does."""
         group, size = [], 1
         async for event in self.events(deadline):
+            if isinstance(event, generation.TranscriptSegment):  # long-form: every segment in a message of its own
+                yield [event]
+                continue
             group.append(event)
             if len(group) == size:
                 yield group

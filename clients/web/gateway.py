@@ -1,10 +1,15 @@
 """The demo's HTTP gateway (aiohttp): serves the page and turns its requests into gRPC calls.
 
     attnserve web --address localhost:50051 --port 8080     # then open http://localhost:8080/
+    attnserve web --host 0.0.0.0 --tls-cert page.crt --tls-key page.key   # https://: the microphone works
+                                                                            # from other machines too
 
 Routes:
     GET  /                      the page (static/index.html; its scripts and styles under /static/)
     GET  /api/models            every served model, as ModelInfo JSON
+    POST /api/transcribe?model=M  body: an audio file of any length the server accepts; answers its segments
+                                as they are transcribed, then the result with its SRT and WebVTT subtitles,
+                                as newline-delimited JSON (clients/web/captions.py)
     POST /api/generate?model=M&to=LANG
                                 body: JSON {"text": "..."} for a text model, or the raw file with its
                                 Content-Type (audio/wav, image/png, image/jpeg) for an audio or image model;
@@ -18,9 +23,11 @@ logged here and answered as INTERNAL without a traceback.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import pathlib
+import ssl
 from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
@@ -34,7 +41,7 @@ from attnserve.clients.client import (
     translation_request,
     video_request,
 )
-from attnserve.clients.web import payload
+from attnserve.clients.web import captions, payload
 from attnserve.server import convert
 
 logger = logging.getLogger(__name__)
@@ -68,19 +75,37 @@ def make_app(address: str | Sequence[str], **client_options) -> web.Application:
         address: as for `AsyncClient` (several addresses are called in turn).
         client_options: `AsyncClient`'s keyword options (timeout, tls, token, retry).
     """
-    app = web.Application(client_max_size=convert.MAX_MESSAGE_BYTES, middlewares=[_errors])
+    # Uploads as large as a long-form recording a server accepts (an hour of WAV).
+    app = web.Application(client_max_size=convert.MAX_REQUEST_BYTES, middlewares=[_errors])
     app.cleanup_ctx.append(_client_context(address, {"timeout": CALL_TIMEOUT, **client_options}))
     app.router.add_get("/", _page)
     app.router.add_static("/static/", STATIC)
     app.router.add_get("/api/models", _models)
     app.router.add_post("/api/generate", _generate)
+    app.router.add_post("/api/transcribe", functools.partial(captions.transcribe, _CLIENT))
     return app
 
 
-def run(address: str | Sequence[str], host: str = "127.0.0.1", port: int = DEFAULT_PORT, **client_options) -> None:
-    """Serves the gateway until interrupted (blocking)."""
+def run(address: str | Sequence[str], host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+        page_tls: ssl.SSLContext | None = None, **client_options) -> None:
+    """Serves the gateway until interrupted (blocking); over HTTPS with `page_tls` (see `tls_context`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    web.run_app(make_app(address, **client_options), host=host, port=port, print=None)
+    web.run_app(make_app(address, **client_options), host=host, port=port, print=None, ssl_context=page_tls)
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    """The page's HTTPS context. Browsers let a page use the microphone only from a secure origin: https://,
+    or http://localhost; from another machine that means HTTPS.
+
+    Raises:
+        ValueError: a file cannot be read or the key does not match the certificate.
+    """
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot use --tls-cert {cert} with --tls-key {key}: {exc}") from None
+    return context
 
 
 def _client_context(address, options):

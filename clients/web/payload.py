@@ -16,13 +16,13 @@ from attnserve.server.generation import GenerationResult, ModelInfo
 
 def result_json(result: GenerationResult) -> dict:
     """The result, with `columns` = {"kind": "text" | "time" | "grid" | "frames", ...} when it carries attention."""
-    body = _plain(dataclasses.asdict(result))
+    body = plain(dataclasses.asdict(result))
     body["columns"] = _columns(result.attention.col_labels) if result.attention is not None else None
     return body
 
 
 def model_json(info: ModelInfo) -> dict:
-    return _plain(dataclasses.asdict(info))
+    return plain(dataclasses.asdict(info))
 
 
 def error_json(code: str, message: str) -> dict:
@@ -42,12 +42,12 @@ def _columns(labels: list[str]) -> dict:
     return {"kind": "text"}
 
 
-def _plain(value):
+def plain(value):
     """Enums as their values, recursively (asdict leaves them as members)."""
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value

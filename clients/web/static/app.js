@@ -1,5 +1,6 @@
 // The demo page: pick a model, give it text, audio or an image, show the answer with its attention.
 import { show } from "./attention.js";
+import { transcribeLong } from "./captions.js";
 import { blobToWav } from "./wav.js";
 
 const $ = (id) => document.getElementById(id);
@@ -61,9 +62,27 @@ function translate(event) {
   run({ model: $("model").value, to: $("to").value }, JSON.stringify({ text: $("text").value }), "application/json");
 }
 
-function sendAudio(blob) {
+// The player's duration once it has read the file's header (0 when it cannot read it).
+function duration(player) {
+  return new Promise((resolve) => {
+    if (player.readyState >= 1) resolve(player.duration);
+    player.onloadedmetadata = () => resolve(player.duration);
+    player.onerror = () => resolve(0);
+  });
+}
+
+// A clip within the model's window shows its attention; a longer one (a lecture into the microphone)
+// goes the long-recording way, segment by segment, when the server cuts long recordings.
+async function sendAudio(blob, name = "recording.wav") {
   $("player").src = URL.createObjectURL(blob);
   $("player").hidden = false;
+  const { audio } = selected();
+  if (audio.long_form_max_seconds && (await duration($("player"))) > audio.max_seconds) {
+    $("result").hidden = true;
+    $("error").hidden = true;
+    transcribeLong($("model").value, new File([blob], name, { type: blob.type || "audio/wav" }), report);
+    return;
+  }
   run({ model: $("model").value }, blob, "audio/wav");
 }
 
@@ -124,9 +143,19 @@ async function start() {
   $("model").addEventListener("change", chooseModel);
   $("request").addEventListener("submit", translate);
   $("record").addEventListener("click", toggleRecording);
-  $("audio-file").addEventListener("change", () => $("audio-file").files[0] && sendAudio($("audio-file").files[0]));
+  $("audio-file").addEventListener("change", () => {
+    const file = $("audio-file").files[0];
+    if (file) sendAudio(file, file.name);
+  });
   $("image-file").addEventListener("change", sendImage);
   $("video-file").addEventListener("change", sendVideo);
+  $("long-file").addEventListener("change", () => {
+    const file = $("long-file").files[0];
+    if (file) {
+      $("error").hidden = true;
+      transcribeLong($("model").value, file, report);
+    }
+  });
   document.body.dataset.ready = "true";
 }
 
