@@ -3,12 +3,14 @@ looked at most, each with the word's attention over its cells drawn as a heatmap
 
 A video model's attention columns are (frame, cell) pairs labelled "f<t>@<seconds>s:r<row>c<col>:x0,y0,x1,y1"
 (server/video.py): frame t shows the clip at that time, the cell is a box of the model's input frame. The
-strip shows the clip's own frames at those times, decoded here as the server decodes them
-(server/video_files.py: PyAV for files, Pillow for stills).
+strip shows the clip's own frames at those times, decoded here as the server decodes them (PyAV for files,
+Pillow for stills), the frame showing at each time; the client imports nothing of the server's decoding (the
+layer rule: clients carry only the shared request/response contract).
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 
 import numpy as np
@@ -53,20 +55,39 @@ def text_timelines(attention: AttentionMatrix) -> str:
 
 def clip_frames(video, times: Sequence[float], side: int = 128) -> list[Image.Image]:
     """The clip's frames showing at `times`, `side` pixels square (squeezed as the server squeezes them, so
-    the cells' boxes scale onto them), decoded as the server decodes.
+    the cells' boxes scale onto them). The server has checked the clip against its limits already.
 
     Args:
         video: the request's VideoInput (a file, or stills with their rate).
-    """
-    from attnserve.server.inputs import VideoInputSpec
-    from attnserve.server.video_files import frames_at, read_clip
 
-    # The server has checked the clip against its limits already; these only bound the drawing.
-    spec = VideoInputSpec(frames=len(times), height=side, width=side, channels=3, mean=(0.0,) * 3, std=(1.0,) * 3,
-                          grid_rows=1, grid_cols=1, max_seconds=3600.0, max_bytes=2**31, max_pixels=2**28,
-                          max_frames=100_000)
-    clip = read_clip(video, spec, "the clip")
-    return [Image.fromarray(f) for f in frames_at(clip, np.asarray(times))]
+    Raises:
+        NotImplementedError: a video file, and PyAV is not installed.
+        ValueError: the file does not decode here.
+    """
+    if video.frames:
+        images = [Image.open(io.BytesIO(f)) for f in video.frames]
+        starts = np.arange(len(images)) / video.frames_per_second
+    else:
+        images, starts = _decode_file(video.data)
+    index = np.clip(np.searchsorted(starts, np.asarray(times), side="right") - 1, 0, len(images) - 1)
+    return [images[i].convert("RGB").resize((side, side), Image.Resampling.BILINEAR) for i in index]
+
+
+def _decode_file(data: bytes) -> tuple[list[Image.Image], np.ndarray]:
+    """Every frame of a video file and when it starts showing (the first at 0)."""
+    try:
+        import av
+    except ImportError:
+        raise NotImplementedError("drawing a clip's frames needs PyAV (pip install 'attnserve[video]')") from None
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            decoded = [(f.to_image(), float(f.time or 0.0)) for f in container.decode(video=0)]
+    except av.FFmpegError as exc:
+        raise ValueError(f"cannot decode the clip: {exc}") from None
+    if not decoded:
+        raise ValueError("the clip holds no frames")
+    starts = np.maximum.accumulate(np.array([t for _, t in decoded]) - decoded[0][1])
+    return [image for image, _ in decoded], starts
 
 
 def render(frames: Sequence[Image.Image], attention: AttentionMatrix, top: int = 3, panel: int = 128) -> Image.Image:
