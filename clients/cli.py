@@ -98,6 +98,7 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(prog="attnserve", description=__doc__.splitlines()[0])
     else:
         parser = argparse.ArgumentParser(prog="attnserve-client", description=_CLIENT_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=_version(server_commands))
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     if server_commands:
         _add_serve(commands)
@@ -142,14 +143,16 @@ def _add_serve(commands) -> None:
 def _add_granularity(parser: argparse.ArgumentParser) -> None:
     """--words (the CLI's default: a terminal heatmap reads best by words) or --pieces (the contract's)."""
     grouping = parser.add_mutually_exclusive_group()
-    grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
-    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
+    grouping.add_argument("--words", dest="granularity", action="store_const", const="words",
+                          help="attention between whole words, pieces merged (default)")
+    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces",
+                          help="attention between the tokenizer's subword pieces")
     parser.set_defaults(granularity="words")
 
 
 def _add_translate(commands) -> None:
     translate = commands.add_parser("translate", help="translate text and optionally show the attention")
-    translate.add_argument("text")
+    translate.add_argument("text", help="the text to translate")
     translate.add_argument("--to", help=_TO_HELP)
     translate.add_argument(
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
@@ -185,7 +188,7 @@ def _add_translate(commands) -> None:
     sampling.add_argument("--top-k", type=int, help="sample among the K most likely tokens (default: all)")
     sampling.add_argument("--top-p", type=float, help="sample among the most likely tokens up to P (default 1)")
     sampling.add_argument("--seed", type=int, help="the same seed gives the same output (default: random)")
-    translate.add_argument("--model", default=DEFAULT_MODEL, help="(default: %(default)s)")
+    translate.add_argument("--model", default=DEFAULT_MODEL, help="a served text model (default: %(default)s)")
     translate.add_argument("--json", action="store_true", help="print the whole response as JSON")
     translate.add_argument("--stream", action="store_true", help="print the output as it is decoded")
     _add_address(translate)
@@ -196,7 +199,7 @@ def _add_compare(commands) -> None:
     compare = commands.add_parser(
         "compare", help="translate with several models and show their attention heatmaps side by side"
     )
-    compare.add_argument("text")
+    compare.add_argument("text", help="the text every model translates")
     compare.add_argument("--to", help=_TO_HELP)
     compare.add_argument(
         "--models", help="comma-separated model names, two or more (default: every served translation model)"
@@ -256,11 +259,22 @@ def _add_web(commands) -> None:
     web = commands.add_parser("web", help="serve the browser demo, an HTTP gateway to the server at --address")
     web.add_argument("--host", default="127.0.0.1", help="interface of the page (default: %(default)s)")
     web.add_argument("--port", type=int, default=8080, help="HTTP port of the page (default: %(default)s)")
-    web.add_argument("--tls-cert", metavar="PEM", help="serve the page over HTTPS with this certificate chain "
-                     "(with --tls-key): browsers allow the microphone on other machines only over HTTPS")
-    web.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    from attnserve.clients.web import http_options  # no aiohttp: the flags show without the `web` extra
+
+    http_options.add_arguments(web)
     _add_address(web)
     web.set_defaults(run=_web)
+
+
+def _version(server_commands: bool) -> str:
+    """"attnserve 0.1.0": the installed distribution's version (the client's for `attnserve-client`)."""
+    from importlib import metadata
+
+    name = "attnserve" if server_commands else "attnserve-client"
+    try:
+        return f"{name} {metadata.version(name)}"
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return f"{name} (not installed)"
 
 
 def _add_address(parser: argparse.ArgumentParser) -> None:
@@ -584,17 +598,18 @@ def _web(args: argparse.Namespace) -> None:
         from attnserve.clients.web import gateway
     except ImportError as exc:  # aiohttp comes with the `web` extra
         raise SystemExit(f"error: the web demo needs the web extra (pip install 'attnserve[web]'): {exc}") from None
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise SystemExit("error: --tls-cert and --tls-key go together: give both or neither")
+    from attnserve.clients.web import http_options
+
     try:
-        page_tls = gateway.tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+        http = http_options.from_args(args)
+        http.ssl_context()  # a wrong certificate stops here, before anything listens
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    scheme = "https" if page_tls else "http"
+    scheme = "https" if http.tls_cert else "http"
     print(f"attnserve web: {scheme}://{args.host}:{args.port}/ (gRPC server: {args.address})", flush=True)
     _connect(args).close()  # checks the flags here; the gateway makes its own asyncio client from them
     try:
-        gateway.run(args.address, args.host, args.port, page_tls, **_connection(args))
+        gateway.run(args.address, args.host, args.port, http, **_connection(args))
     except OSError as exc:  # the port is in use, or the host is not an interface of this machine
         raise SystemExit(f"error: {exc}") from None
 

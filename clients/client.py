@@ -97,7 +97,7 @@ def translation_request(
 
     Args:
         text: source text.
-        to: target language code, e.g. "en" or "zh-TW"; "" = the model's first target language.
+        to: target language code, e.g. "en" or "zh-TW"; "" = the server's choice (the language the text is not in).
         attention: whether to return the attention matrix.
         granularity: "words" or "pieces"; None = pieces (AttentionOptions' default).
         layer: decoder layer to read; negative counts from the last; None = the model's default layer.

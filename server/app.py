@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from attnserve.server import errors, lifecycle, limits, logging_setup, memory, metrics, readiness, security, service
+from attnserve.server import startup_log
 from attnserve.server.serve_options import ServeOptions  # noqa: F401  (re-exported: app.ServeOptions)
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
@@ -202,12 +203,13 @@ async def serve(options: ServeOptions) -> None:
     except BaseException:
         _close(engines)
         raise
+    startup_log.log_start(engines, options)
     await serve_until_signal(server, options.grace_seconds)
 
 
 def run(options: ServeOptions) -> None:
     """Blocking entry point of `attnserve serve`."""
-    logging_setup.configure(options.log_level, options.log_format)
+    logging_setup.configure(options.log_level, options.log_format, native=True)
     asyncio.run(serve(options))
 
 

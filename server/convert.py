@@ -134,6 +134,8 @@ def _decoding_from_proto(msg: pb.DecodingOptions) -> gen.DecodingOptions:
         no_repeat_ngram_size=msg.no_repeat_ngram_size,
         sampling=sampling,
         reverse_weight=msg.reverse_weight,
+        glossary=tuple(sorted(msg.glossary.items())),
+        use_default_glossary=msg.use_default_glossary,
     )
 
 
@@ -149,6 +151,8 @@ def _decoding_to_proto(options: gen.DecodingOptions) -> pb.DecodingOptions:
         no_repeat_ngram_size=options.no_repeat_ngram_size,
         sampling=sampling,
         reverse_weight=options.reverse_weight,
+        glossary=dict(options.glossary),
+        use_default_glossary=options.use_default_glossary,
     )
 
 
@@ -196,6 +200,7 @@ def result_to_proto(result: gen.GenerationResult) -> pb.GenerateResponse:
         words=[pb.WordTiming(**dataclasses.asdict(w)) for w in result.words],
         nbest=[_scored_to_proto(s) for s in result.nbest],
         segments=[segment_to_proto(s) for s in result.segments],
+        glossary=[pb.GlossaryPlacement(**dataclasses.asdict(g)) for g in result.glossary],
         frames=[pb.FrameAttention(**dataclasses.asdict(f)) for f in result.frames],
     )
 
@@ -222,6 +227,7 @@ def result_from_proto(msg: pb.GenerateResponse) -> gen.GenerationResult:
         words=[gen.WordTiming(w.word, w.start_seconds, w.end_seconds) for w in msg.words],
         nbest=[_scored_from_proto(s) for s in msg.nbest],
         segments=[segment_from_proto(s) for s in msg.segments],
+        glossary=[_fields(gen.GlossaryPlacement, g) for g in msg.glossary],
         frames=[gen.FrameAttention(f.word, list(f.timeline), list(f.frame_seconds), f.peak_frame, list(f.heatmap))
                 for f in msg.frames],
     )

@@ -49,6 +49,10 @@ class DecodingOptions:
     # log p(source | candidate), the same model translating each candidate back (server/reranking.py).
     # Beam search on a model that translates both ways; not streamed. 0 = the beam's own order.
     reverse_weight: float = 0.0
+    # Terminology constraints: (source term, required target term) pairs, sorted (server/glossary.py).
+    # use_default_glossary: also the model's default glossary, these pairs winning where both name a term.
+    glossary: tuple[tuple[str, str], ...] = ()
+    use_default_glossary: bool = False
 
 
 # Greedy search whatever the model's default search is: what a comparison with another greedy decoder needs.
@@ -138,7 +142,8 @@ class GenerationRequest:
     model: str
     # Source text (text models); "" when the request carries audio or an image.
     text: str = ""
-    # Target language code, e.g. "en" or "zh-TW"; "" = the model's only / first target language.
+    # Target language code, e.g. "en" or "zh-TW"; "" = the model's only target language, or for text the one
+    # the text is not written in (server/language_detection.py), else the first.
     target_language: str = ""
     decoding: DecodingOptions = DecodingOptions()
     attention: AttentionOptions = AttentionOptions()
@@ -261,6 +266,18 @@ class ScoredSequence:
 
 
 @dataclasses.dataclass(frozen=True)
+class GlossaryPlacement:
+    """A glossary term found in the source and the output tokens that spell its target term."""
+
+    source: str
+    target: str
+    source_start: int  # characters of the text: [source_start, source_end)
+    source_end: int
+    output_start: int  # output tokens: [output_start, output_end); -1, -1 = not in the output
+    output_end: int
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationResult:
     model: str
     text: str
@@ -277,6 +294,8 @@ class GenerationResult:
     nbest: list[ScoredSequence] = dataclasses.field(default_factory=list)
     # Audio longer than the model's window (long-form): its segments in time order; else empty.
     segments: list[TranscriptSegment] = dataclasses.field(default_factory=list)
+    # Glossary terms of the source, in order, and where the output placed each; empty without any.
+    glossary: list[GlossaryPlacement] = dataclasses.field(default_factory=list)
     # Video input with attention: each output row's attention per frame and over its most-attended frame.
     frames: list[FrameAttention] = dataclasses.field(default_factory=list)
 
@@ -361,6 +380,7 @@ class ModelInfo:
     max_attention_values: int = 0  # most attention weights in one response; 0 = only the model's own bounds
     max_response_bytes: int = 0  # the largest response message the server sends
     variant: str = ""  # the manifest variant whose graphs are served ("" = the default graphs)
+    glossary_terms: int = 0  # entries of the model's default glossary
 
 
 def resolved_beam_size(options: DecodingOptions, default: int) -> int:

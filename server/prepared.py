@@ -45,6 +45,8 @@ class PreparedRequest:
     forced_ids: tuple[int, ...] | None = None
     # DecodingOptions.reverse_weight > 0: the language to translate the candidates back into.
     reverse_language: str | None = None
+    # Glossary terms the output must contain (server/glossary.py Constraint); () = none.
+    constraints: tuple = ()
 
     @property
     def keeps_attention(self) -> bool:

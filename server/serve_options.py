@@ -124,7 +124,8 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     ),
     "--host": ("host", dict(help="interface to listen on (default: %(default)s = all)")),
     "--port": ("port", dict(type=int, help="gRPC port (default: %(default)s)")),
-    "--device": ("device", dict(choices=DEVICES, help="(default: %(default)s)")),
+    "--device": ("device", dict(choices=DEVICES, help="where the models run: cpu, or cuda (the `gpu` extra's "
+                                "onnxruntime-gpu and a visible GPU) (default: %(default)s)")),
     "--io-binding": (
         "io_binding",
         dict(choices=IO_BINDING, help="keep the decoder's encoder K/V and K/V cache on the device between steps "
@@ -229,8 +230,11 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         "auth_token_file",
         dict(help="require 'authorization: Bearer <token>' with a token of this file (one per line)"),
     ),
-    "--log-level": ("log_level", dict(choices=logging_setup.LEVELS, help="(default: %(default)s)")),
-    "--log-format": ("log_format", dict(choices=logging_setup.FORMATS, help="(default: %(default)s)")),
+    "--log-level": ("log_level", dict(choices=logging_setup.LEVELS, help="least severe log lines written; "
+                                      "debug names every request (default: %(default)s)")),
+    "--log-format": ("log_format", dict(choices=logging_setup.FORMATS, help="text for people, json for log "
+                                        "collectors: one object per line, ONNX Runtime's own lines included "
+                                        "(default: %(default)s)")),
 }
 
 

@@ -158,6 +158,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         its access line."""
         code = grpc.StatusCode.OK
         model = request.model
+        request.request_id = request.request_id or logging_setup.new_request_id()  # every log line names one
         access = _Access(started=time.perf_counter())
         try:
             yield access

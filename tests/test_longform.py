@@ -292,6 +292,7 @@ def test_the_page_is_served_over_https_with_a_certificate(server, tmp_path):
     from aiohttp import web
 
     from attnserve.clients.web import gateway
+    from attnserve.clients.web.http_options import HttpOptions
 
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
@@ -302,7 +303,8 @@ def test_the_page_is_served_over_https_with_a_certificate(server, tmp_path):
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(gateway.make_app(server.address))
     loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=gateway.tls_context(str(cert), str(key)))
+    page_tls = HttpOptions(tls_cert=str(cert), tls_key=str(key)).ssl_context()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=page_tls)
     loop.run_until_complete(site.start())
     port = site._server.sockets[0].getsockname()[1]
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -316,8 +318,8 @@ def test_the_page_is_served_over_https_with_a_certificate(server, tmp_path):
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
-    with pytest.raises(ValueError, match="cannot use --tls-cert"):
-        gateway.tls_context(str(key), str(key))
+    with pytest.raises(ValueError, match="--http-tls-cert .*page.key / --http-tls-key"):
+        HttpOptions(tls_cert=str(key), tls_key=str(key)).ssl_context()
 
 
 def _post_lines(url: str, body: bytes) -> list[dict]:

@@ -6,7 +6,7 @@ subtitles.
 answers newline-delimited JSON (application/x-ndjson), one object a line, as the server sends them:
 `{"segment": {...}}` for each transcribed segment of a recording longer than the model's window (in the
 order they finish: each names its index and count), then `{"result": {...}, "srt": "...", "vtt": "..."}`.
-A failure before the first line is an ordinary error answer (gateway._errors); one after it is a last line
+A failure before the first line is an ordinary error answer (errors.errors_middleware); one after it is a last line
 `{"error": {"code": ..., "message": ...}}`. A page that goes away cancels the call, and the server stops
 decoding the remaining segments.
 """

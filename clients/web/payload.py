@@ -15,9 +15,11 @@ from attnserve.server.generation import GenerationResult, ModelInfo
 
 
 def result_json(result: GenerationResult) -> dict:
-    """The result, with `columns` = {"kind": "text" | "time" | "grid" | "frames", ...} when it carries attention."""
+    """The result, with `columns` = {"kind": "text" | "time" | "grid" | "frames", ...} when it carries
+    attention, and `glossary_rows`: for each glossary placement, the attention rows (output words) its tokens fall in."""
     body = plain(dataclasses.asdict(result))
     body["columns"] = _columns(result.attention.col_labels) if result.attention is not None else None
+    body["glossary_rows"] = _glossary_rows(result)
     return body
 
 
@@ -27,6 +29,27 @@ def model_json(info: ModelInfo) -> dict:
 
 def error_json(code: str, message: str) -> dict:
     return {"error": {"code": code, "message": message}}
+
+
+def _glossary_rows(result: GenerationResult) -> list[list[int]]:
+    """Rows of each placed term. A word row's label is its pieces joined (word markers dropped), so the
+    labels and the pieces spell the same characters: a token's rows are those its characters fall in.
+    Empty lists when they do not (no attention, or labels that are not such joins)."""
+    rows: list[list[int]] = [[] for _ in result.glossary]
+    if result.attention is None:
+        return rows
+    labels = result.attention.row_labels
+    pieces = [t.piece.replace("\u2581", "") for t in result.tokens]
+    if "".join(labels) != "".join(pieces):
+        return rows
+    row_at = [r for r, label in enumerate(labels) for _ in label]  # character -> row
+    starts = [0]
+    for piece in pieces:
+        starts.append(starts[-1] + len(piece))
+    for j, g in enumerate(result.glossary):
+        if g.output_start >= 0:
+            rows[j] = sorted({row_at[c] for c in range(starts[g.output_start], starts[g.output_end])})
+    return rows
 
 
 def _columns(labels: list[str]) -> dict:
