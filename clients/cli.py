@@ -36,6 +36,7 @@ from attnserve.clients.client import (
     audio_request,
     image_request,
     translation_request,
+    video_request,
 )
 from attnserve.server.generation import (
     AttentionOptions,
@@ -229,11 +230,12 @@ def _add_transcribe(commands) -> None:
 
 
 def _add_caption(commands) -> None:
-    caption = commands.add_parser("caption", help="caption a PNG or JPEG image, with each word's attention")
-    caption.add_argument("file", help="a PNG or JPEG file; - reads stdin")
+    caption = commands.add_parser("caption", help="caption an image or a video clip, with each word's attention")
+    caption.add_argument("file", help="a PNG or JPEG image, or an MP4, WebM or GIF clip; - reads stdin")
     caption.add_argument("--attention", type=_png_path, metavar="OUT.png",
-                         help="write the image with each word's attention heatmap, one panel per word")
-    _add_media_options(caption, "image")
+                         help="write each word's attention heatmap: one panel per word (an image), or per word "
+                              "its timeline over the frames and its most-attended frames (a clip)")
+    _add_media_options(caption, "image or video")
     caption.set_defaults(run=_caption)
 
 
@@ -412,6 +414,8 @@ def _transcribe(args: argparse.Namespace) -> None:
 
 def _caption(args: argparse.Namespace) -> None:
     data = _read_input(args.file)
+    if not data.startswith((b"\x89PNG", b"\xff\xd8\xff")):  # not an image: a clip (the server names the formats)
+        return _caption_clip(args, data)
     with _connect(args) as client:
         model = args.model or _first_model_of(client, InputKind.IMAGE)
         request = image_request(data, model=model, attention=args.attention is not None, granularity="words",
@@ -424,6 +428,28 @@ def _caption(args: argparse.Namespace) -> None:
         return
     print(result.text)
     if args.attention is not None:
+        print(f"attention of each word: {args.attention}")
+
+
+def _caption_clip(args: argparse.Namespace, data: bytes) -> None:
+    with _connect(args) as client:
+        model = args.model or _first_model_of(client, InputKind.VIDEO)
+        request = video_request(data, model=model, attention=args.attention is not None, granularity="words",
+                                beam_size=args.beam_size)
+        result = client.generate(request)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), default=_enum_value, ensure_ascii=False, indent=2))
+        return
+    print(result.text)
+    if args.attention is not None:
+        strip = _drawing("filmstrip")
+        times = [float(t) for t in result.frames[0].frame_seconds] if result.frames else []
+        try:
+            frames = strip.clip_frames(request.video, times)
+        except (NotImplementedError, ValueError) as exc:  # no PyAV here, or a file this client cannot decode
+            raise SystemExit(f"error: cannot draw the clip's frames: {exc}") from None
+        strip.render(frames, result.attention).save(args.attention)
+        print(strip.text_timelines(result.attention))
         print(f"attention of each word: {args.attention}")
 
 
@@ -608,6 +634,10 @@ def _input_line(info: ModelInfo) -> str:
         i = info.image
         return (f"image ({i.width}x{i.height}, {i.grid_rows}x{i.grid_cols} grid), at most {i.max_bytes} bytes"
                 f" and {i.max_pixels} pixels")
+    if info.video is not None:
+        v = info.video
+        return (f"video ({v.frames} frames of {v.width}x{v.height}, {v.grid_rows}x{v.grid_cols} grid each), at most "
+                f"{v.max_seconds:g} s, {v.max_bytes} bytes, {v.max_frames} frames and {v.max_pixels} pixels a frame")
     return info.input_kind.value
 
 

@@ -43,6 +43,7 @@ from attnserve.server.generation import (
     SamplingOptions,
     StreamedToken,
     TranscriptSegment,
+    VideoInput,
 )
 from attnserve.v1 import attnserve_pb2 as pb
 from google.protobuf import wrappers_pb2
@@ -59,6 +60,7 @@ __all__ = [
     "audio_request",
     "image_request",
     "translation_request",
+    "video_request",
 ]
 
 DEFAULT_ADDRESS = f"localhost:{convert.DEFAULT_PORT}"
@@ -164,6 +166,21 @@ def image_request(image: bytes, *, model: str, **options) -> GenerationRequest:
         options: `translation_request`'s options (to, attention, granularity, layer, max_new_tokens, ...).
     """
     return dataclasses.replace(translation_request("", model=model, **options), image=ImageInput(bytes(image)))
+
+
+def video_request(video: bytes | Sequence[bytes], *, model: str, frames_per_second: float = 0.0,
+                  **options) -> GenerationRequest:
+    """Builds a request for a video model (clip captioning).
+
+    Args:
+        video: a video file's bytes (MP4, WebM or GIF), or a list of PNG/JPEG stills, one per frame.
+        model: served model name (its `input_kind` is video, its limits are in `video`).
+        frames_per_second: the rate of the stills (required with them).
+        options: `translation_request`'s options (attention, granularity, max_new_tokens, ...).
+    """
+    clip = (VideoInput(bytes(video)) if isinstance(video, (bytes, bytearray))
+            else VideoInput(frames=tuple(bytes(f) for f in video), frames_per_second=frames_per_second))
+    return dataclasses.replace(translation_request("", model=model, **options), video=clip)
 
 
 class _Settings:

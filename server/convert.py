@@ -38,6 +38,7 @@ _INPUT_KINDS = {
     gen.InputKind.TEXT: pb.INPUT_KIND_TEXT,
     gen.InputKind.AUDIO: pb.INPUT_KIND_AUDIO,
     gen.InputKind.IMAGE: pb.INPUT_KIND_IMAGE,
+    gen.InputKind.VIDEO: pb.INPUT_KIND_VIDEO,
 }
 
 
@@ -60,6 +61,8 @@ def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
         source_language=msg.text.source_language if kind == "text" else "",
         audio=_audio_from_proto(msg.audio) if kind == "audio" else None,
         image=gen.ImageInput(msg.image.data) if kind == "image" else None,
+        video=gen.VideoInput(msg.video.data, tuple(msg.video.frames), msg.video.frames_per_second)
+        if kind == "video" else None,
         target_language=msg.target_language,
         decoding=_decoding_from_proto(msg.decoding),
         attention=gen.AttentionOptions(
@@ -92,6 +95,9 @@ def request_to_proto(request: gen.GenerationRequest, source_language: str | None
         inputs["audio"] = _audio_to_proto(request.audio)
     if request.image is not None:
         inputs["image"] = pb.ImageInput(data=request.image.data)
+    if request.video is not None:
+        v = request.video
+        inputs["video"] = pb.VideoInput(data=v.data, frames=list(v.frames), frames_per_second=v.frames_per_second)
     if request.text or not inputs:
         inputs["text"] = pb.TextInput(text=request.text, source_language=source_language or request.source_language or None)
     return pb.GenerateRequest(
@@ -196,6 +202,7 @@ def result_to_proto(result: gen.GenerationResult) -> pb.GenerateResponse:
         nbest=[_scored_to_proto(s) for s in result.nbest],
         segments=[segment_to_proto(s) for s in result.segments],
         glossary=[pb.GlossaryPlacement(**dataclasses.asdict(g)) for g in result.glossary],
+        frames=[pb.FrameAttention(**dataclasses.asdict(f)) for f in result.frames],
     )
 
 
@@ -222,6 +229,8 @@ def result_from_proto(msg: pb.GenerateResponse) -> gen.GenerationResult:
         nbest=[_scored_from_proto(s) for s in msg.nbest],
         segments=[segment_from_proto(s) for s in msg.segments],
         glossary=[_fields(gen.GlossaryPlacement, g) for g in msg.glossary],
+        frames=[gen.FrameAttention(f.word, list(f.timeline), list(f.frame_seconds), f.peak_frame, list(f.heatmap))
+                for f in msg.frames],
     )
 
 
@@ -384,7 +393,7 @@ def _streamed_token(event: pb.TokenEvent) -> gen.StreamedToken:
 # ---- models ------------------------------------------------------------------------------------------
 
 
-_INPUT_FIELDS = ("input_kind", "audio", "image")
+_INPUT_FIELDS = ("input_kind", "audio", "image", "video")
 
 
 def model_info_to_proto(info: gen.ModelInfo) -> pb.ModelInfo:
@@ -395,6 +404,7 @@ def model_info_to_proto(info: gen.ModelInfo) -> pb.ModelInfo:
         input_kind=_INPUT_KINDS[info.input_kind],
         audio=None if info.audio is None else pb.AudioInputInfo(**dataclasses.asdict(info.audio)),
         image=None if info.image is None else pb.ImageInputInfo(**dataclasses.asdict(info.image)),
+        video=None if info.video is None else pb.VideoInputInfo(**dataclasses.asdict(info.video)),
     )
 
 
@@ -415,6 +425,7 @@ def model_info_from_proto(msg: pb.ModelInfo) -> gen.ModelInfo:
         input_kind=kinds[msg.input_kind],
         audio=_audio_info_from_proto(msg.audio) if msg.HasField("audio") else None,
         image=_fields(gen.ImageInputInfo, msg.image) if msg.HasField("image") else None,
+        video=_fields(gen.VideoInputInfo, msg.video) if msg.HasField("video") else None,
     )
 
 

@@ -90,6 +90,7 @@ class InputKind(enum.Enum):
     TEXT = "text"
     AUDIO = "audio"
     IMAGE = "image"
+    VIDEO = "video"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -124,6 +125,18 @@ class ImageInput:
 
 
 @dataclasses.dataclass(frozen=True)
+class VideoInput:
+    """A clip: a video file, or its frames as still images with their rate."""
+
+    # An encoded video file (MP4/H.264, WebM/VP8/VP9 or an animated GIF); b"" when `frames` is set.
+    data: bytes = b""
+    # PNG or JPEG files, one per frame in time order; empty when `data` is set.
+    frames: tuple[bytes, ...] = ()
+    # Rate of `frames` (required with them): frame i shows time i / rate.
+    frames_per_second: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationRequest:
     # Name of the model in the repository.
     model: str
@@ -140,6 +153,8 @@ class GenerationRequest:
     audio: AudioInput | None = None
     # An image (captioning models); None for other inputs.
     image: ImageInput | None = None
+    # A clip (video captioning models); None for other inputs.
+    video: VideoInput | None = None
     # Language of the text (TextInput.source_language); "" = the model's first source language. Read by models
     # whose source starts with a source-language token (manifest source_language_prefix: NLLB, M2M100).
     source_language: str = ""
@@ -150,6 +165,7 @@ class GenerationRequest:
         kinds = [InputKind.TEXT] if self.text else []
         kinds += [InputKind.AUDIO] if self.audio is not None else []
         kinds += [InputKind.IMAGE] if self.image is not None else []
+        kinds += [InputKind.VIDEO] if self.video is not None else []
         return kinds
 
 
@@ -283,6 +299,19 @@ class GenerationResult:
     segments: list[TranscriptSegment] = dataclasses.field(default_factory=list)
     # Glossary terms of the source, in order, and where the output placed each; empty without any.
     glossary: list[GlossaryPlacement] = dataclasses.field(default_factory=list)
+    # Video input with attention: each output row's attention per frame and over its most-attended frame.
+    frames: list[FrameAttention] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameAttention:
+    """One output row's attention over a clip, summed per frame (timeline) and on its peak frame (heatmap)."""
+
+    word: str  # the row's label in the attention matrix (a word or a piece)
+    timeline: list[float]  # per sampled frame, in time order: the row's weights summed over the frame's cells
+    frame_seconds: list[float]  # the time each sampled frame shows, in seconds
+    peak_frame: int  # the frame with the largest sum (an index into timeline)
+    heatmap: list[float]  # the row's weights over peak_frame's cells, row by row (grid_rows x grid_cols)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,6 +344,21 @@ class ImageInputInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class VideoInputInfo:
+    """What a video model accepts."""
+
+    frames: int  # frames sampled from every clip (the middle of equal stretches of it)
+    width: int  # pixels of each frame of the model's input
+    height: int
+    grid_rows: int  # the encoder's grid per frame: one attention column per (frame, cell)
+    grid_cols: int
+    max_seconds: float  # longest accepted clip
+    max_bytes: int  # largest accepted file (or all stills together)
+    max_pixels: int  # most pixels a frame may declare (refused before decoding)
+    max_frames: int  # most frames a file may hold (or stills a request may list)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelInfo:
     name: str
     version: int
@@ -330,6 +374,7 @@ class ModelInfo:
     input_kind: InputKind = InputKind.TEXT
     audio: AudioInputInfo | None = None  # set for audio models
     image: ImageInputInfo | None = None  # set for image models
+    video: VideoInputInfo | None = None  # set for video models
     max_text_chars: int = 0  # text models: the longest accepted text in characters; 0 for other kinds
     max_beam_size: int = 0  # the largest DecodingOptions.beam_size
     # Beams a request gets with beam_size 0 (unset); 1 = greedy. 0 from a server too old to say: 1.

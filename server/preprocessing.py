@@ -10,10 +10,11 @@ The decode loop, the batcher, beam search and attention aggregation never ask wh
   source_tokens()  one label per attention column (text: pieces; audio: time spans; images: grid cells);
   source_words()   how columns group at word granularity (text: words; other kinds: each column alone);
   word_timings()   each output word's time span, read from its attention (audio only);
+  frame_attention() each output row's attention per frame and on its peak frame (video only);
   describe()       the kind and limits a client reads in ModelInfo.
 
-Text lives here; audio (server/audio.py) and images (server/image.py) each have their own module, so a new
-input kind is one new module, its spec for the manifest's `input` (server/inputs.py) and a line in
+Text lives here; audio (server/audio.py), images (server/image.py) and video (server/video.py) each have their
+own module, so a new input kind is one new module, its spec for the manifest's `input` (server/inputs.py) and a line in
 server/preprocessors.py, which picks a model's preprocessor by its kind.
 """
 
@@ -26,7 +27,15 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from attnserve.server.generation import GenerationRequest, InputKind, ModelInfo, Token, WordTiming
+from attnserve.server.generation import (
+    AttentionMatrix,
+    FrameAttention,
+    GenerationRequest,
+    InputKind,
+    ModelInfo,
+    Token,
+    WordTiming,
+)
 from attnserve.server.manifest import Manifest
 from attnserve.server.tokenization import Tokenizer, Words
 
@@ -121,6 +130,11 @@ class Preprocessor(abc.ABC):
         Args:
             attention: (R, S) the output pieces' attention over the source's S columns.
         """
+        return []
+
+    def frame_attention(self, source: Source, attention: AttentionMatrix) -> list[FrameAttention]:
+        """Each row's attention summed per frame and on its most-attended frame, for kinds with frames
+        (video); by default none."""
         return []
 
     @abc.abstractmethod

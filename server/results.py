@@ -145,6 +145,7 @@ class ResultBuilder:
             words=words,
             nbest=self.nbest(prepared, hyp),
             glossary=glossary.placements(prepared.constraints, ids),
+            frames=self.preprocessor.frame_attention(prepared.source, attention) if attention is not None else [],
         )
 
     def _attention(self, prepared: PreparedRequest, hyp: Hypothesis, ids: list[int], pieces: list[str],

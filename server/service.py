@@ -136,7 +136,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         engine = self._engine(request.model)
         kind = request.WhichOneof("input")
         if kind is None:
-            raise ValueError("missing input: set one of text, audio, image")
+            raise ValueError("missing input: set one of text, audio, image, video")
         wanted = engine.info.input_kind.value
         if kind != wanted:
             raise ValueError(f"model {request.model!r} takes {wanted} input, not {kind}")

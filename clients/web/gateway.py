@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
 
-from attnserve.clients.client import AsyncClient, audio_request, image_request, translation_request
+from attnserve.clients.client import AsyncClient, audio_request, image_request, translation_request, video_request
 from attnserve.clients.web import access, captions, payload
 from attnserve.clients.web.errors import error_response as _error
 from attnserve.clients.web.errors import errors_middleware
@@ -47,7 +47,8 @@ DEFAULT_PORT = 8080
 CALL_TIMEOUT = 120.0  # seconds per gRPC call, retries included: a long clip on a busy CPU server
 _CLIENT = web.AppKey("client", AsyncClient)
 
-_MEDIA = {"audio": audio_request, "image": image_request}
+# Content type -> request builder; a page sends an animated GIF for a video model as video/gif.
+_MEDIA = {"audio": audio_request, "image": image_request, "video": video_request}
 
 
 def make_app(address: str | Sequence[str], http: HttpOptions = HttpOptions(), **client_options) -> web.Application:
@@ -126,7 +127,7 @@ async def _generate(request: web.Request) -> web.Response:
         generation_request = _MEDIA[kind](await request.read(), **options)
     else:
         return _error("INVALID_ARGUMENT", f"cannot send {request.content_type or 'a body without a type'}: "
-                      "send JSON text, audio/wav or an image")
+                      "send JSON text, audio/wav, an image or a video")
     if request.query.get("glossary") == "1":  # the model's default glossary (DecodingOptions.use_default_glossary)
         decoding = dataclasses.replace(generation_request.decoding, use_default_glossary=True)
         generation_request = dataclasses.replace(generation_request, decoding=decoding)

@@ -1,7 +1,8 @@
 """The gateway's JSON: results and model descriptions as the page reads them.
 
 A result is its dataclass as JSON, plus `columns`, what each attention column stands for, read from its
-label once here rather than in JavaScript: time spans for audio, pixel boxes for images.
+label once here rather than in JavaScript: time spans for audio, pixel boxes for images, the frames' times
+and one frame's pixel boxes for video.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from attnserve.server.generation import GenerationResult, ModelInfo
 
 
 def result_json(result: GenerationResult) -> dict:
-    """The result, with `columns` = {"kind": "text" | "time" | "grid", ...} when it carries attention, and
-    `glossary_rows`: for each glossary placement, the attention rows (output words) its tokens fall in."""
+    """The result, with `columns` = {"kind": "text" | "time" | "grid" | "frames", ...} when it carries
+    attention, and `glossary_rows`: for each glossary placement, the attention rows (output words) its tokens fall in."""
     body = plain(dataclasses.asdict(result))
     body["columns"] = _columns(result.attention.col_labels) if result.attention is not None else None
     body["glossary_rows"] = _glossary_rows(result)
@@ -55,6 +56,9 @@ def _columns(labels: list[str]) -> dict:
     spans = columns.time_spans(labels)
     if spans is not None:
         return {"kind": "time", "spans": [[s.start, s.end] for s in spans]}
+    frames = columns.frame_cells(labels)
+    if frames is not None:
+        return {"kind": "frames", "times": frames[0], "boxes": [list(c.box) for c in frames[1]]}
     cells = columns.grid_cells(labels)
     if cells is not None:
         return {"kind": "grid", "boxes": [list(c.box) for c in cells]}

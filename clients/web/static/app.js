@@ -7,7 +7,7 @@ import { exportPng } from "./matrix.js";
 import { blobToWav } from "./wav.js";
 
 const $ = (id) => document.getElementById(id);
-const INPUTS = { text: "text-input", audio: "audio-input", image: "image-input" };
+const INPUTS = { text: "text-input", audio: "audio-input", image: "image-input", video: "video-input" };
 const FINISH = { eos: "complete", length: "stopped at the length limit" };
 let models = [];
 let recorder = null;
@@ -222,6 +222,14 @@ function sendImage(file) {
   run({ model: $("model").value }, file, file.type || "image/png", { url: URL.createObjectURL(file), width, height });
 }
 
+function sendVideo(file) {
+  if (!file) return;
+  const { width, height } = selected().video;
+  const gif = file.type === "image/gif"; // sent as video/gif, so the gateway routes it to the video model
+  run({ model: $("model").value }, file, gif ? "video/gif" : file.type || "video/mp4",
+    { url: URL.createObjectURL(file), width, height, gif });
+}
+
 // The view as a link: model, text, target language, layer and heads in the fragment (text models).
 function permalink() {
   const state = { model: $("model").value, ...attentionQuery() };
@@ -282,6 +290,7 @@ async function start() {
     if (file) sendAudio(file, file.name);
   });
   $("image-file").addEventListener("change", () => sendImage($("image-file").files[0]));
+  $("video-file").addEventListener("change", () => sendVideo($("video-file").files[0]));
   $("long-file").addEventListener("change", () => {
     const file = $("long-file").files[0];
     if (file) {

@@ -1,7 +1,8 @@
 // The interactive attention view: output words above, what they looked at below (source words, a time
 // line of the audio with its axis, or cells over the image), and the full matrix. Pointing at output word i
 // (hover, or focus) shades column j by weights[i][j] relative to the row's largest weight, and for audio
-// marks the word's time span. A click or tap pins a word (hovering then changes nothing) and a second one
+// marks the word's time span; for a clip it draws the word's timeline (its attention per frame) and shows its
+// most-attended frame under the heatmap of its cells. A click or tap pins a word (hovering then changes nothing) and a second one
 // lets go; with a word focused, ← and → pin the previous and next word, Home and End the first and last,
 // Esc lets go.
 import { legend, markRow, matrixTable } from "./matrix.js";
@@ -18,6 +19,7 @@ export function show(result, image) {
   $("source").hidden = $("source-heading").hidden = kind !== "text";
   $("timeline").hidden = $("time-axis").hidden = kind !== "time";
   $("picture").hidden = kind !== "grid";
+  $("clip").hidden = kind !== "frames";
   $("span-mark").style.display = "none";
   $("reduction").textContent = attention ? attention.reduction : "";
 
@@ -34,12 +36,13 @@ export function show(result, image) {
     columns = gridCells(result.columns.boxes, image.width, image.height);
     $("cells").replaceChildren(...columns);
   }
+  const clip = kind === "frames" ? showClip(result.columns, image, result.frames) : null;
   view = null;
   if (!attention) return;
   matrixTable($("matrix"), attention, columnLabels(result));
   legend($("legend"));
   const end = kind === "time" ? result.columns.spans.at(-1)[1] : 0;
-  view = { attention, columns, words: result.words, end, pinned: null };
+  view = { attention, columns, words: result.words, end, pinned: null, clip };
   for (const rows of result.glossary_rows || []) {
     for (const r of rows) $("output").children[r]?.classList.add("term");
   }
@@ -57,6 +60,7 @@ export function columnLabels(result) {
   const kind = result.columns ? result.columns.kind : "text";
   if (kind === "time") return result.columns.spans.map(([a, b]) => `${a.toFixed(2)}s`);
   if (kind === "grid") return result.attention.col_labels.map((label) => label.split(":")[0]);
+  if (kind === "frames") return result.attention.col_labels.map((label) => label.split(":").slice(0, 2).join(" "));
   return result.attention.col_labels;
 }
 
@@ -147,7 +151,8 @@ function positioned(fractions) {
 }
 
 function highlight(i) {
-  const { attention, columns, words, end } = view;
+  const { attention, columns, words, end, clip } = view;
+  if (clip) highlightFrames(i, clip);
   const row = attention.weights[i];
   for (const element of $("output").children) element.classList.toggle("active", element.dataset.row === String(i));
   markRow($("matrix"), i);
@@ -165,4 +170,41 @@ function highlight(i) {
   } else {
     mark.style.display = "none";
   }
+}
+
+// A clip: one bar per sampled frame (the timeline) and the frame itself (the video seeked to its time, or
+// the animated GIF) under one frame's grid of cells. Returns what highlightFrames needs.
+function showClip(columns, media, frames) {
+  const video = $("clip-video");
+  $("clip-gif").hidden = !media.gif;
+  video.hidden = media.gif;
+  if (media.gif) $("clip-gif").src = media.url;
+  else video.src = media.url;
+  const bars = columns.times.map((t) => {
+    const bar = document.createElement("div");
+    bar.title = `${t.toFixed(2)} s`;
+    return bar;
+  });
+  const cells = gridCells(columns.boxes, media.width, media.height);
+  $("frame-bars").replaceChildren(...bars);
+  $("frame-cells").replaceChildren(...cells);
+  return { bars, cells, frames };
+}
+
+function highlightFrames(i, { bars, cells, frames }) {
+  const frame = frames[i];
+  const most = Math.max(...frame.timeline) || 1;
+  bars.forEach((bar, t) => {
+    bar.style.height = `${((frame.timeline[t] / most) * 100).toFixed(1)}%`;
+    bar.classList.toggle("peak", t === frame.peak_frame);
+  });
+  const peak = Math.max(...frame.heatmap) || 1;
+  cells.forEach((cell, j) => {
+    cell.dataset.weight = frame.heatmap[j].toFixed(4);
+    cell.style.setProperty("--w", (frame.heatmap[j] / peak).toFixed(3));
+  });
+  const seconds = frame.frame_seconds[frame.peak_frame];
+  if (!$("clip-video").hidden) $("clip-video").currentTime = seconds;
+  $("frame-label").textContent = `${frame.word}: frame ${frame.peak_frame + 1} of ${frame.timeline.length} ` +
+    `(${seconds.toFixed(2)} s), ${(frame.timeline[frame.peak_frame] * 100).toFixed(0)}% of its attention`;
 }
