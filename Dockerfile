@@ -1,7 +1,8 @@
 # attnserve: the gRPC server with the bundled models, as a non-root container.
 #   podman build -t attnserve .            then   podman run -p 50051:50051 -p 9464:9464 attnserve
-# GPU (needs a base whose CUDA 12 and cuDNN 9 match onnxruntime-gpu 1.31, and Python >= 3.11):
-#   podman build --build-arg BASE=docker.io/nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 --build-arg EXTRA=gpu ...
+# GPU (needs a base whose CUDA 13 and cuDNN 9 match onnxruntime-gpu 1.31.1, whose wheel is built for CUDA 13
+# (bench/README.md), and Python >= 3.11):
+#   podman build --build-arg BASE=docker.io/nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04 --build-arg EXTRA=gpu ...
 # BASE must provide python3 with venv and ca-certificates (deploy/smoke-container.sh builds such a base
 # from Debian packages where no registry is reachable). PIP_CERT names a CA bundle that the build mounts
 # for pip behind a TLS-inspecting proxy; it is a path only, nothing of it is stored in the image.

@@ -13,9 +13,14 @@ _PACKAGE_ROOTS = {"attnserve.server": "server", "attnserve.clients": "clients", 
                   "attnserve.v1": "protos/attnserve/v1"}
 
 
+# Folders of data only (no __init__.py), named as packages so that setuptools ships their files as package
+# data without warning that they are missing from `packages`.
+_DATA_PACKAGES = ["attnserve.clients.web.static"]
+
+
 def _packages() -> list[str]:
-    """Every folder with an __init__.py under the package roots, by import name."""
-    found = []
+    """Every folder with an __init__.py under the package roots, by import name, and the data folders."""
+    found = list(_DATA_PACKAGES)
     for name, folder in _PACKAGE_ROOTS.items():
         for init in sorted((_ROOT / folder).rglob("__init__.py")):
             found.append(".".join((name, *init.parent.relative_to(_ROOT / folder).parts)))

@@ -26,7 +26,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from attnserve.clients import comparison, heatmap, languages, timeline
+from attnserve.clients import comparison, heatmap, languages, timeline, transcription
 from attnserve.clients.client import (
     DEFAULT_ADDRESS,
     DEFAULT_MODEL,
@@ -36,6 +36,7 @@ from attnserve.clients.client import (
     audio_request,
     image_request,
     translation_request,
+    video_request,
 )
 from attnserve.server.generation import (
     AttentionOptions,
@@ -97,6 +98,7 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(prog="attnserve", description=__doc__.splitlines()[0])
     else:
         parser = argparse.ArgumentParser(prog="attnserve-client", description=_CLIENT_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=_version(server_commands))
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     if server_commands:
         _add_serve(commands)
@@ -107,7 +109,17 @@ def _parser(server_commands: bool = True) -> argparse.ArgumentParser:
     _add_status(commands)
     if server_commands:
         _add_web(commands)
+        _add_import(commands)
     return parser
+
+
+def _add_import(commands) -> None:
+    imports = commands.add_parser("import", help="turn a transformers checkpoint folder into a served model")
+    # Its flags import nothing heavy; the importer itself (torch, transformers) loads only when it runs.
+    from attnserve.export.importers import command as import_command
+
+    import_command.add_arguments(imports)
+    imports.set_defaults(run=import_command.run)
 
 
 # Every option the CLI leaves unset (None) takes the request contract's default (server/generation.py); the
@@ -131,15 +143,20 @@ def _add_serve(commands) -> None:
 def _add_granularity(parser: argparse.ArgumentParser) -> None:
     """--words (the CLI's default: a terminal heatmap reads best by words) or --pieces (the contract's)."""
     grouping = parser.add_mutually_exclusive_group()
-    grouping.add_argument("--words", dest="granularity", action="store_const", const="words", help="(default)")
-    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces")
+    grouping.add_argument("--words", dest="granularity", action="store_const", const="words",
+                          help="attention between whole words, pieces merged (default)")
+    grouping.add_argument("--pieces", dest="granularity", action="store_const", const="pieces",
+                          help="attention between the tokenizer's subword pieces")
     parser.set_defaults(granularity="words")
 
 
 def _add_translate(commands) -> None:
     translate = commands.add_parser("translate", help="translate text and optionally show the attention")
-    translate.add_argument("text")
+    translate.add_argument("text", help="the text to translate")
     translate.add_argument("--to", help=_TO_HELP)
+    translate.add_argument("--from", dest="source", default="",
+                           help="source language, for models that read it (NLLB, M2M100: eng_Latn, zho_Hant, ...; "
+                           "default: the model's first source language)")
     translate.add_argument(
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
         help="also draw the attention heatmap: in the terminal, or as a PNG (matplotlib) given a path",
@@ -174,7 +191,7 @@ def _add_translate(commands) -> None:
     sampling.add_argument("--top-k", type=int, help="sample among the K most likely tokens (default: all)")
     sampling.add_argument("--top-p", type=float, help="sample among the most likely tokens up to P (default 1)")
     sampling.add_argument("--seed", type=int, help="the same seed gives the same output (default: random)")
-    translate.add_argument("--model", default=DEFAULT_MODEL, help="(default: %(default)s)")
+    translate.add_argument("--model", default=DEFAULT_MODEL, help="a served text model (default: %(default)s)")
     translate.add_argument("--json", action="store_true", help="print the whole response as JSON")
     translate.add_argument("--stream", action="store_true", help="print the output as it is decoded")
     _add_address(translate)
@@ -185,7 +202,7 @@ def _add_compare(commands) -> None:
     compare = commands.add_parser(
         "compare", help="translate with several models and show their attention heatmaps side by side"
     )
-    compare.add_argument("text")
+    compare.add_argument("text", help="the text every model translates")
     compare.add_argument("--to", help=_TO_HELP)
     compare.add_argument(
         "--models", help="comma-separated model names, two or more (default: every served translation model)"
@@ -197,8 +214,13 @@ def _add_compare(commands) -> None:
 
 
 def _add_transcribe(commands) -> None:
-    transcribe = commands.add_parser("transcribe", help="transcribe a WAV file, with each word's time span")
-    transcribe.add_argument("file", help="a WAV file (16/32-bit PCM or float, any common rate); - reads stdin")
+    transcribe = commands.add_parser("transcribe", help="transcribe an audio file, with each word's time span")
+    transcribe.add_argument("file", help="an audio file: WAV (16/32-bit PCM or float), FLAC, Ogg, MP3 or M4A (as the "
+                            "server reads: `attnserve models`), any common rate, up to an hour; - reads stdin")
+    transcribe.add_argument("--srt", metavar="OUT.srt", help="write subtitles (SubRip) of the transcript")
+    transcribe.add_argument("--vtt", metavar="OUT.vtt", help="write subtitles (WebVTT) of the transcript")
+    transcribe.add_argument("--progress", action="store_true",
+                            help="show the progress bar of a long recording even when stderr is not a terminal")
     transcribe.add_argument(
         "--attention", nargs="?", const="", type=_png_path, metavar="OUT.png",
         help="show each word's time span and its attention over time: in the terminal, or as a PNG given a path",
@@ -208,11 +230,12 @@ def _add_transcribe(commands) -> None:
 
 
 def _add_caption(commands) -> None:
-    caption = commands.add_parser("caption", help="caption a PNG or JPEG image, with each word's attention")
-    caption.add_argument("file", help="a PNG or JPEG file; - reads stdin")
+    caption = commands.add_parser("caption", help="caption an image or a video clip, with each word's attention")
+    caption.add_argument("file", help="a PNG or JPEG image, or an MP4, WebM or GIF clip; - reads stdin")
     caption.add_argument("--attention", type=_png_path, metavar="OUT.png",
-                         help="write the image with each word's attention heatmap, one panel per word")
-    _add_media_options(caption, "image")
+                         help="write each word's attention heatmap: one panel per word (an image), or per word "
+                              "its timeline over the frames and its most-attended frames (a clip)")
+    _add_media_options(caption, "image or video")
     caption.set_defaults(run=_caption)
 
 
@@ -239,8 +262,22 @@ def _add_web(commands) -> None:
     web = commands.add_parser("web", help="serve the browser demo, an HTTP gateway to the server at --address")
     web.add_argument("--host", default="127.0.0.1", help="interface of the page (default: %(default)s)")
     web.add_argument("--port", type=int, default=8080, help="HTTP port of the page (default: %(default)s)")
+    from attnserve.clients.web import http_options  # no aiohttp: the flags show without the `web` extra
+
+    http_options.add_arguments(web)
     _add_address(web)
     web.set_defaults(run=_web)
+
+
+def _version(server_commands: bool) -> str:
+    """"attnserve 0.1.0": the installed distribution's version (the client's for `attnserve-client`)."""
+    from importlib import metadata
+
+    name = "attnserve" if server_commands else "attnserve-client"
+    try:
+        return f"{name} {metadata.version(name)}"
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return f"{name} (not installed)"
 
 
 def _add_address(parser: argparse.ArgumentParser) -> None:
@@ -316,6 +353,7 @@ def _translate(args: argparse.Namespace) -> None:
             reduction=args.head_reduction,
             reverse_weight=args.reverse_weight,
         )
+        request = dataclasses.replace(request, source_language=args.source)
         result = _print_stream(client, request) if args.stream else client.generate(request)
     if args.attention:
         _drawing("plot").save_attention(result.attention, args.attention)
@@ -355,7 +393,12 @@ def _transcribe(args: argparse.Namespace) -> None:
         model = args.model or _first_audio_model(client)
         request = audio_request(data, model=model, attention=args.attention is not None, granularity="words",
                                 beam_size=args.beam_size)
-        result = client.generate(request)
+        # The stream shows a long recording's progress, segment by segment.
+        show = args.progress or sys.stderr.isatty()
+        result = transcription.transcribe(client, request, sys.stderr if show else None)
+    for path, kind in ((args.srt, "srt"), (args.vtt, "vtt")):
+        if path:
+            transcription.write_subtitles(result, path, kind)
     if args.attention:
         _drawing("plot").save_timeline(result.words, result.attention, args.attention)
     if args.json:
@@ -371,6 +414,8 @@ def _transcribe(args: argparse.Namespace) -> None:
 
 def _caption(args: argparse.Namespace) -> None:
     data = _read_input(args.file)
+    if not data.startswith((b"\x89PNG", b"\xff\xd8\xff")):  # not an image: a clip (the server names the formats)
+        return _caption_clip(args, data)
     with _connect(args) as client:
         model = args.model or _first_model_of(client, InputKind.IMAGE)
         request = image_request(data, model=model, attention=args.attention is not None, granularity="words",
@@ -383,6 +428,28 @@ def _caption(args: argparse.Namespace) -> None:
         return
     print(result.text)
     if args.attention is not None:
+        print(f"attention of each word: {args.attention}")
+
+
+def _caption_clip(args: argparse.Namespace, data: bytes) -> None:
+    with _connect(args) as client:
+        model = args.model or _first_model_of(client, InputKind.VIDEO)
+        request = video_request(data, model=model, attention=args.attention is not None, granularity="words",
+                                beam_size=args.beam_size)
+        result = client.generate(request)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), default=_enum_value, ensure_ascii=False, indent=2))
+        return
+    print(result.text)
+    if args.attention is not None:
+        strip = _drawing("filmstrip")
+        times = [float(t) for t in result.frames[0].frame_seconds] if result.frames else []
+        try:
+            frames = strip.clip_frames(request.video, times)
+        except (NotImplementedError, ValueError) as exc:  # no PyAV here, or a file this client cannot decode
+            raise SystemExit(f"error: cannot draw the clip's frames: {exc}") from None
+        strip.render(frames, result.attention).save(args.attention)
+        print(strip.text_timelines(result.attention))
         print(f"attention of each word: {args.attention}")
 
 
@@ -535,10 +602,18 @@ def _web(args: argparse.Namespace) -> None:
         from attnserve.clients.web import gateway
     except ImportError as exc:  # aiohttp comes with the `web` extra
         raise SystemExit(f"error: the web demo needs the web extra (pip install 'attnserve[web]'): {exc}") from None
-    print(f"attnserve web: http://{args.host}:{args.port}/ (gRPC server: {args.address})", flush=True)
+    from attnserve.clients.web import http_options
+
+    try:
+        http = http_options.from_args(args)
+        http.ssl_context()  # a wrong certificate stops here, before anything listens
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    scheme = "https" if http.tls_cert else "http"
+    print(f"attnserve web: {scheme}://{args.host}:{args.port}/ (gRPC server: {args.address})", flush=True)
     _connect(args).close()  # checks the flags here; the gateway makes its own asyncio client from them
     try:
-        gateway.run(args.address, args.host, args.port, **_connection(args))
+        gateway.run(args.address, args.host, args.port, http, **_connection(args))
     except OSError as exc:  # the port is in use, or the host is not an interface of this machine
         raise SystemExit(f"error: {exc}") from None
 
@@ -547,14 +622,22 @@ def _input_line(info: ModelInfo) -> str:
     """What the model reads, with the limits a request must respect."""
     if info.audio is not None:
         a = info.audio
+        files = ", ".join(f.upper() for f in a.formats) or "WAV"
+        # A server that cuts long recordings at pauses says how long they may be.
+        long_form = (f" (longer, cut at pauses: up to {a.long_form_max_seconds:g} s and {a.long_form_max_bytes} "
+                     "bytes)") if a.long_form_max_seconds else ""
         return (
-            f"audio (WAV or samples, resampled to {a.sample_rate_hz} Hz), at most {a.max_seconds:g} s and "
-            f"{a.max_bytes} bytes; {a.seconds_per_column:g} s per attention column"
+            f"audio ({files} or samples, resampled to {a.sample_rate_hz} Hz), at most {a.max_seconds:g} s and "
+            f"{a.max_bytes} bytes{long_form}; {a.seconds_per_column:g} s per attention column"
         )
     if info.image is not None:
         i = info.image
         return (f"image ({i.width}x{i.height}, {i.grid_rows}x{i.grid_cols} grid), at most {i.max_bytes} bytes"
                 f" and {i.max_pixels} pixels")
+    if info.video is not None:
+        v = info.video
+        return (f"video ({v.frames} frames of {v.width}x{v.height}, {v.grid_rows}x{v.grid_cols} grid each), at most "
+                f"{v.max_seconds:g} s, {v.max_bytes} bytes, {v.max_frames} frames and {v.max_pixels} pixels a frame")
     return info.input_kind.value
 
 

@@ -42,6 +42,8 @@ from attnserve.server.generation import (
     ModelInfo,
     SamplingOptions,
     StreamedToken,
+    TranscriptSegment,
+    VideoInput,
 )
 from attnserve.v1 import attnserve_pb2 as pb
 from google.protobuf import wrappers_pb2
@@ -58,6 +60,7 @@ __all__ = [
     "audio_request",
     "image_request",
     "translation_request",
+    "video_request",
 ]
 
 DEFAULT_ADDRESS = f"localhost:{convert.DEFAULT_PORT}"
@@ -94,7 +97,7 @@ def translation_request(
 
     Args:
         text: source text.
-        to: target language code, e.g. "en" or "zh-TW"; "" = the model's first target language.
+        to: target language code, e.g. "en" or "zh-TW"; "" = the server's choice (the language the text is not in).
         attention: whether to return the attention matrix.
         granularity: "words" or "pieces"; None = pieces (AttentionOptions' default).
         layer: decoder layer to read; negative counts from the last; None = the model's default layer.
@@ -165,6 +168,21 @@ def image_request(image: bytes, *, model: str, **options) -> GenerationRequest:
     return dataclasses.replace(translation_request("", model=model, **options), image=ImageInput(bytes(image)))
 
 
+def video_request(video: bytes | Sequence[bytes], *, model: str, frames_per_second: float = 0.0,
+                  **options) -> GenerationRequest:
+    """Builds a request for a video model (clip captioning).
+
+    Args:
+        video: a video file's bytes (MP4, WebM or GIF), or a list of PNG/JPEG stills, one per frame.
+        model: served model name (its `input_kind` is video, its limits are in `video`).
+        frames_per_second: the rate of the stills (required with them).
+        options: `translation_request`'s options (attention, granularity, max_new_tokens, ...).
+    """
+    clip = (VideoInput(bytes(video)) if isinstance(video, (bytes, bytearray))
+            else VideoInput(frames=tuple(bytes(f) for f in video), frames_per_second=frames_per_second))
+    return dataclasses.replace(translation_request("", model=model, **options), video=clip)
+
+
 class _Settings:
     """What both clients share: addresses, deadline, retries and credentials.
 
@@ -233,8 +251,9 @@ class Client(_Settings):
 
     def stream(
         self, request: GenerationRequest, source_language: str | None = None, stream_interval: int = 0
-    ) -> Iterator[StreamedToken | GenerationResult]:
-        """Yields a `StreamedToken` per generated token, then the `GenerationResult`.
+    ) -> Iterator[StreamedToken | TranscriptSegment | GenerationResult]:
+        """Yields a `StreamedToken` per generated token, then the `GenerationResult`. Audio longer than the
+        model's window (long-form) yields a `TranscriptSegment` per segment instead, as each is transcribed.
 
         A token carries its attention row (one weight per source piece, EOS included) when the request
         asked for attention, at either granularity; the final result has the whole matrix. Leaving the
@@ -350,8 +369,9 @@ class AsyncClient(_Settings):
 
     async def stream(
         self, request: GenerationRequest, source_language: str | None = None, stream_interval: int = 0
-    ) -> AsyncIterator[StreamedToken | GenerationResult]:
-        """Yields a `StreamedToken` per generated token, then the `GenerationResult` (see `Client.stream`)."""
+    ) -> AsyncIterator[StreamedToken | TranscriptSegment | GenerationResult]:
+        """Yields a `StreamedToken` per generated token (or a long-form request's `TranscriptSegment`s), then
+        the `GenerationResult` (see `Client.stream`)."""
         message = convert.request_to_proto(request, source_language)
         message.stream_interval = stream_interval
         deadline, failed = self._deadline(), 0
@@ -408,6 +428,8 @@ class AsyncClient(_Settings):
         await self.close()
 
 
-def _flattened(converted: list[StreamedToken] | GenerationResult) -> list[StreamedToken | GenerationResult]:
-    """A stream message's tokens (one, or a batch's), or its final result, as items to yield one by one."""
+def _flattened(
+    converted: list[StreamedToken | TranscriptSegment] | GenerationResult,
+) -> list[StreamedToken | TranscriptSegment | GenerationResult]:
+    """A stream message's tokens (one, or a batch's), its segment, or its final result, as items to yield."""
     return converted if isinstance(converted, list) else [converted]

@@ -22,7 +22,7 @@ from attnserve.server import convert
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 
 _CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", convert.MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", convert.MAX_REQUEST_BYTES),
     ("grpc.max_receive_message_length", convert.MAX_MESSAGE_BYTES),
 ]
 

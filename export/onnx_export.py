@@ -80,14 +80,25 @@ def export_graphs(model: Transformer, out_dir: pathlib.Path) -> None:
     """Writes encoder.onnx and decoder.onnx with batch, source and cache axes left dynamic."""
     model = model.eval()
     cfg = model.cfg
-    names = graph_names(cfg.decoder_layers)
+    export_step_graphs(EncoderGraph(model), DecoderStepGraph(model), out_dir, cfg.vocab_size, cfg.vocab_size,
+                       cfg.heads, cfg.d_model // cfg.heads, cfg.decoder_layers)
+
+
+def export_step_graphs(
+    encoder: nn.Module, decoder: nn.Module, out_dir: pathlib.Path, source_vocab: int, target_vocab: int,
+    heads: int, d_head: int, layers: int,
+) -> None:
+    """Traces an encoder and a decoder-step module with the contract's names (graph_names) into
+    encoder.onnx and decoder.onnx, batch, source and cache axes dynamic (export/importers/ uses it too)."""
+    out_dir = pathlib.Path(out_dir)
+    names = graph_names(layers)
     # Example sizes are all different so a wrongly fixed axis shows up in the tests.
-    b, s, t, dh = 2, 7, 3, cfg.d_model // cfg.heads
-    src = torch.randint(6, cfg.vocab_size, (b, s))
+    b, s, t = 2, 7, 3
+    src = torch.randint(6, source_vocab, (b, s))
     src_mask = torch.ones(b, s, dtype=torch.int64)
     src_mask[1, 5:] = 0
     torch.onnx.export(
-        EncoderGraph(model),
+        encoder,
         (src, src_mask),
         str(out_dir / "encoder.onnx"),
         input_names=names["encoder_inputs"],
@@ -102,10 +113,10 @@ def export_graphs(model: Transformer, out_dir: pathlib.Path) -> None:
         dynamo=False,
         external_data=False,
     )
-    past = [torch.randn(b, cfg.heads, t, dh) for _ in range(2 * cfg.decoder_layers)]
-    cross = [torch.randn(b, cfg.heads, s, dh) for _ in range(2 * cfg.decoder_layers)]
+    past = [torch.randn(b, heads, t, d_head) for _ in range(2 * layers)]
+    cross = [torch.randn(b, heads, s, d_head) for _ in range(2 * layers)]
     step_inputs = (
-        torch.randint(6, cfg.vocab_size, (b, 1)),
+        torch.randint(6, target_vocab, (b, 1)),
         torch.full((b, 1), t, dtype=torch.int64),
         torch.ones(b, t + 1, dtype=torch.int64),
         src_mask,
@@ -117,14 +128,14 @@ def export_graphs(model: Transformer, out_dir: pathlib.Path) -> None:
         "position_ids": {0: "batch"},
         "decoder_attention_mask": {0: "batch", 1: "past_plus_one"},
         "encoder_attention_mask": {0: "batch", 1: "source"},
-        **{n: {0: "batch", 2: "past"} for n in kv_names("past_key_values", "decoder", cfg.decoder_layers)},
-        **{n: {0: "batch", 2: "source"} for n in kv_names("past_key_values", "encoder", cfg.decoder_layers)},
+        **{n: {0: "batch", 2: "past"} for n in kv_names("past_key_values", "decoder", layers)},
+        **{n: {0: "batch", 2: "source"} for n in kv_names("past_key_values", "encoder", layers)},
         "logits": {0: "batch"},
-        **{n: {0: "batch"} for n in kv_names("present", "decoder", cfg.decoder_layers)},
+        **{n: {0: "batch"} for n in kv_names("present", "decoder", layers)},
         "cross_attentions": {0: "batch", 3: "source"},
     }
     torch.onnx.export(
-        DecoderStepGraph(model),
+        decoder,
         step_inputs,
         str(out_dir / "decoder.onnx"),
         input_names=names["decoder_inputs"],
@@ -136,9 +147,9 @@ def export_graphs(model: Transformer, out_dir: pathlib.Path) -> None:
     )
 
 
-def build_manifest(cfg: TransformerConfig, tokenizer: Tokenizer, name: str, version: int, **extra) -> dict:
-    """The manifest for a Transformer: cross K/V and the encoder mask are static, self K/V is appended state."""
-    layers, dh = cfg.decoder_layers, cfg.d_model // cfg.heads
+def kv_static_and_state(layers: int, heads: int, d_head: int) -> tuple[list[dict], list[dict]]:
+    """The manifest's `static` (the encoder mask, each layer's cross K/V) and `state` (each layer's self
+    K/V, appended) of a cached Transformer decoder step."""
     static = [{"from": "attention_mask", "to": "encoder_attention_mask", "batch_axis": 0, "source_axis": 1}]
     static += [
         {"from": src, "to": dst, "batch_axis": 0, "source_axis": 2}
@@ -152,11 +163,18 @@ def build_manifest(cfg: TransformerConfig, tokenizer: Tokenizer, name: str, vers
             "batch_axis": 0,
             "time_axis": 2,
             "dtype": "float32",
-            "shape": ["batch", cfg.heads, 0, dh],
+            "shape": ["batch", heads, 0, d_head],
             "init": "zeros",
         }
         for src, dst in zip(kv_names("past_key_values", "decoder", layers), kv_names("present", "decoder", layers))
     ]
+    return static, state
+
+
+def build_manifest(cfg: TransformerConfig, tokenizer: Tokenizer, name: str, version: int, **extra) -> dict:
+    """The manifest for a Transformer: cross K/V and the encoder mask are static, self K/V is appended state."""
+    layers, dh = cfg.decoder_layers, cfg.d_model // cfg.heads
+    static, state = kv_static_and_state(layers, cfg.heads, dh)
     return translation_manifest(
         tokenizer,
         name,

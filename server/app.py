@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from attnserve.server import (
     errors, intake, lifecycle, limits, logging_setup, memory, metrics, readiness, security, service,
 )
+from attnserve.server import startup_log
 from attnserve.server.serve_options import ServeOptions  # noqa: F401  (re-exported: app.ServeOptions)
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
@@ -234,12 +235,13 @@ async def serve(options: ServeOptions) -> None:
     except BaseException:
         _close(engines)
         raise
+    startup_log.log_start(engines, options)
     await serve_until_signal(server, options.grace_seconds)
 
 
 def run(options: ServeOptions) -> None:
     """Blocking entry point of `attnserve serve`."""
-    logging_setup.configure(options.log_level, options.log_format)
+    logging_setup.configure(options.log_level, options.log_format, native=True)
     asyncio.run(serve(options))
 
 
@@ -323,6 +325,9 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
 
         registry = engines_registry.load_engines(options.models, runtime, batching, broken, options.only_models)
         engines = {name: registry.get(name) for name in registry.names()}
+    from attnserve.server import longform
+
+    engines = longform.wrap(engines, longform.LongFormOptions(max_seconds=options.long_form_max_minutes * 60))
     try:
         for name in list(engines):
             try:

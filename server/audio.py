@@ -48,6 +48,8 @@ _SAMPLE_TYPES = {
 # in/out = a/b; rates whose ratio to the model's needs more phases than this are refused.
 MAX_RATE_RATIO_TERM = 1000
 MIN_SAMPLE_RATE_HZ, MAX_SAMPLE_RATE_HZ = 4000, 384000
+# Blocks of the resampler's output computed at once (bounds its working memory for long recordings).
+_RESAMPLE_CHUNK_BLOCKS = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,10 +158,19 @@ def resample(x: np.ndarray, orig_hz: int, new_hz: int, zero_crossings: int = 6, 
     t = np.clip(t * cutoff, -zero_crossings, zero_crossings)
     window = np.cos(t * np.pi / zero_crossings / 2) ** 2
     kernels = np.sinc(t) * window * (cutoff / a)  # (b, K), K = a + 2 * width
-    padded = np.pad(np.asarray(x, dtype=np.float64), (width, width + a))
-    blocks = np.lib.stride_tricks.sliding_window_view(padded, kernels.shape[1])[::a]  # (n, K)
-    out = (blocks @ kernels.T).reshape(-1)  # (n * b,)
-    return out[: math.ceil(len(x) * b / a)].astype(np.float32)
+    x = np.asarray(x)
+    # Block i reads x[i*a - width : i*a - width + K], zeros outside x. A chunk of blocks at a time, padded
+    # on its own: neither the whole padded signal nor the (n, K) window matrix of an hour is ever built.
+    n, k = len(x) // a + 1, kernels.shape[1]
+    out = np.empty((n, b), dtype=np.float32)
+    for lo in range(0, n, _RESAMPLE_CHUNK_BLOCKS):
+        hi = min(lo + _RESAMPLE_CHUNK_BLOCKS, n)
+        start, stop = lo * a - width, (hi - 1) * a - width + k  # the chunk's span of x
+        part = np.pad(x[max(start, 0) : min(stop, len(x))].astype(np.float64),
+                      (max(-start, 0), max(stop - len(x), 0)))
+        blocks = np.lib.stride_tricks.sliding_window_view(part, k)[::a]  # (hi - lo, K)
+        out[lo:hi] = blocks @ kernels.T
+    return out.reshape(-1)[: math.ceil(len(x) * b / a)]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -18,6 +18,9 @@ DEFAULT_PORT = 50051
 # Large enough for a 256 x 256 attention matrix many times over and for the audio inputs to come;
 # gRPC's 4 MiB default receive limit would be the first thing to break for long audio.
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+# What a client may send: a long-form recording up to the servers' default long_form_max_bytes (128 MiB,
+# server/longform.py) with room for the request around it. Each server refuses what its models cannot use.
+MAX_REQUEST_BYTES = 160 * 1024 * 1024
 
 _FINISH_REASONS = {
     gen.FinishReason.EOS: pb.FINISH_REASON_EOS,
@@ -35,6 +38,7 @@ _INPUT_KINDS = {
     gen.InputKind.TEXT: pb.INPUT_KIND_TEXT,
     gen.InputKind.AUDIO: pb.INPUT_KIND_AUDIO,
     gen.InputKind.IMAGE: pb.INPUT_KIND_IMAGE,
+    gen.InputKind.VIDEO: pb.INPUT_KIND_VIDEO,
 }
 
 
@@ -54,8 +58,11 @@ def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
     return gen.GenerationRequest(
         model=msg.model,
         text=msg.text.text if kind == "text" else "",
+        source_language=msg.text.source_language if kind == "text" else "",
         audio=_audio_from_proto(msg.audio) if kind == "audio" else None,
         image=gen.ImageInput(msg.image.data) if kind == "image" else None,
+        video=gen.VideoInput(msg.video.data, tuple(msg.video.frames), msg.video.frames_per_second)
+        if kind == "video" else None,
         target_language=msg.target_language,
         decoding=_decoding_from_proto(msg.decoding),
         attention=gen.AttentionOptions(
@@ -88,8 +95,11 @@ def request_to_proto(request: gen.GenerationRequest, source_language: str | None
         inputs["audio"] = _audio_to_proto(request.audio)
     if request.image is not None:
         inputs["image"] = pb.ImageInput(data=request.image.data)
+    if request.video is not None:
+        v = request.video
+        inputs["video"] = pb.VideoInput(data=v.data, frames=list(v.frames), frames_per_second=v.frames_per_second)
     if request.text or not inputs:
-        inputs["text"] = pb.TextInput(text=request.text, source_language=source_language)
+        inputs["text"] = pb.TextInput(text=request.text, source_language=source_language or request.source_language or None)
     return pb.GenerateRequest(
         model=request.model,
         **inputs,
@@ -125,6 +135,8 @@ def _decoding_from_proto(msg: pb.DecodingOptions) -> gen.DecodingOptions:
         no_repeat_ngram_size=msg.no_repeat_ngram_size,
         sampling=sampling,
         reverse_weight=msg.reverse_weight,
+        glossary=tuple(sorted(msg.glossary.items())),
+        use_default_glossary=msg.use_default_glossary,
     )
 
 
@@ -140,6 +152,8 @@ def _decoding_to_proto(options: gen.DecodingOptions) -> pb.DecodingOptions:
         no_repeat_ngram_size=options.no_repeat_ngram_size,
         sampling=sampling,
         reverse_weight=options.reverse_weight,
+        glossary=dict(options.glossary),
+        use_default_glossary=options.use_default_glossary,
     )
 
 
@@ -186,6 +200,9 @@ def result_to_proto(result: gen.GenerationResult) -> pb.GenerateResponse:
         timings=pb.Timings(**dataclasses.asdict(timings)),  # the message mirrors the dataclass field by field
         words=[pb.WordTiming(**dataclasses.asdict(w)) for w in result.words],
         nbest=[_scored_to_proto(s) for s in result.nbest],
+        segments=[segment_to_proto(s) for s in result.segments],
+        glossary=[pb.GlossaryPlacement(**dataclasses.asdict(g)) for g in result.glossary],
+        frames=[pb.FrameAttention(**dataclasses.asdict(f)) for f in result.frames],
     )
 
 
@@ -210,7 +227,32 @@ def result_from_proto(msg: pb.GenerateResponse) -> gen.GenerationResult:
         timings=gen.Timings(**{f.name: getattr(timings, f.name) for f in dataclasses.fields(gen.Timings)}),
         words=[gen.WordTiming(w.word, w.start_seconds, w.end_seconds) for w in msg.words],
         nbest=[_scored_from_proto(s) for s in msg.nbest],
+        segments=[segment_from_proto(s) for s in msg.segments],
+        glossary=[_fields(gen.GlossaryPlacement, g) for g in msg.glossary],
+        frames=[gen.FrameAttention(f.word, list(f.timeline), list(f.frame_seconds), f.peak_frame, list(f.heatmap))
+                for f in msg.frames],
     )
+
+
+def segment_to_proto(segment: gen.TranscriptSegment) -> pb.TranscriptSegment:
+    return pb.TranscriptSegment(
+        index=segment.index,
+        count=segment.count,
+        start_seconds=segment.start_seconds,
+        end_seconds=segment.end_seconds,
+        text=segment.text,
+        words=[pb.WordTiming(**dataclasses.asdict(w)) for w in segment.words],
+        finish_reason=_FINISH_REASONS[segment.finish_reason],
+    )
+
+
+def segment_from_proto(msg: pb.TranscriptSegment) -> gen.TranscriptSegment:
+    """Raises: ValueError: an unknown finish reason."""
+    finish = {wire: reason for reason, wire in _FINISH_REASONS.items()}.get(msg.finish_reason)
+    if finish is None:
+        raise ValueError(f"unknown finish reason {msg.finish_reason}")
+    words = [gen.WordTiming(w.word, w.start_seconds, w.end_seconds) for w in msg.words]
+    return gen.TranscriptSegment(msg.index, msg.count, msg.start_seconds, msg.end_seconds, msg.text, words, finish)
 
 
 def _scored_to_proto(sequence: gen.ScoredSequence) -> pb.ScoredSequence:
@@ -298,8 +340,11 @@ def token_event_to_proto(event: gen.StreamedToken) -> pb.GenerateStreamResponse:
     return pb.GenerateStreamResponse(token=_token_event(event))
 
 
-def token_events_to_proto(events: list[gen.StreamedToken]) -> pb.GenerateStreamResponse:
-    """One stream message for consecutive tokens: a TokenEvent for one, a TokenBatch for more."""
+def token_events_to_proto(events: list[gen.StreamedToken | gen.TranscriptSegment]) -> pb.GenerateStreamResponse:
+    """One stream message for consecutive tokens: a TokenEvent for one, a TokenBatch for more; or for a
+    long-form request's segment (always alone), a TranscriptSegment."""
+    if len(events) == 1 and isinstance(events[0], gen.TranscriptSegment):
+        return segment_event_to_proto(events[0])
     if len(events) == 1:
         return token_event_to_proto(events[0])
     return pb.GenerateStreamResponse(tokens=pb.TokenBatch(tokens=[_token_event(e) for e in events]))
@@ -311,13 +356,19 @@ def _token_event(event: gen.StreamedToken) -> pb.TokenEvent:
     )
 
 
+def segment_event_to_proto(segment: gen.TranscriptSegment) -> pb.GenerateStreamResponse:
+    return pb.GenerateStreamResponse(segment=segment_to_proto(segment))
+
+
 def final_to_proto(result: gen.GenerationResult) -> pb.GenerateStreamResponse:
     return pb.GenerateStreamResponse(response=result_to_proto(result))
 
 
-def stream_events_from_proto(msg: pb.GenerateStreamResponse) -> list[gen.StreamedToken] | gen.GenerationResult:
-    """Converts one stream message to its `StreamedToken`s (one, or a batch's) or, for the final message, the
-    result.
+def stream_events_from_proto(
+    msg: pb.GenerateStreamResponse,
+) -> list[gen.StreamedToken | gen.TranscriptSegment] | gen.GenerationResult:
+    """Converts one stream message to its `StreamedToken`s (one, or a batch's), a long-form request's
+    transcribed segment, or, for the final message, the result.
 
     Raises:
         ValueError: the message carries none of them.
@@ -327,9 +378,11 @@ def stream_events_from_proto(msg: pb.GenerateStreamResponse) -> list[gen.Streame
         return [_streamed_token(msg.token)]
     if kind == "tokens":
         return [_streamed_token(event) for event in msg.tokens.tokens]
+    if kind == "segment":
+        return [segment_from_proto(msg.segment)]
     if kind == "response":
         return result_from_proto(msg.response)
-    raise ValueError("stream message carries neither tokens nor a response")
+    raise ValueError("stream message carries neither tokens, a segment nor a response")
 
 
 def _streamed_token(event: pb.TokenEvent) -> gen.StreamedToken:
@@ -340,7 +393,7 @@ def _streamed_token(event: pb.TokenEvent) -> gen.StreamedToken:
 # ---- models ------------------------------------------------------------------------------------------
 
 
-_INPUT_FIELDS = ("input_kind", "audio", "image")
+_INPUT_FIELDS = ("input_kind", "audio", "image", "video")
 
 
 def model_info_to_proto(info: gen.ModelInfo) -> pb.ModelInfo:
@@ -351,6 +404,7 @@ def model_info_to_proto(info: gen.ModelInfo) -> pb.ModelInfo:
         input_kind=_INPUT_KINDS[info.input_kind],
         audio=None if info.audio is None else pb.AudioInputInfo(**dataclasses.asdict(info.audio)),
         image=None if info.image is None else pb.ImageInputInfo(**dataclasses.asdict(info.image)),
+        video=None if info.video is None else pb.VideoInputInfo(**dataclasses.asdict(info.video)),
     )
 
 
@@ -369,9 +423,14 @@ def model_info_from_proto(msg: pb.ModelInfo) -> gen.ModelInfo:
     return gen.ModelInfo(
         **values,
         input_kind=kinds[msg.input_kind],
-        audio=_fields(gen.AudioInputInfo, msg.audio) if msg.HasField("audio") else None,
+        audio=_audio_info_from_proto(msg.audio) if msg.HasField("audio") else None,
         image=_fields(gen.ImageInputInfo, msg.image) if msg.HasField("image") else None,
+        video=_fields(gen.VideoInputInfo, msg.video) if msg.HasField("video") else None,
     )
+
+
+def _audio_info_from_proto(msg: pb.AudioInputInfo) -> gen.AudioInputInfo:
+    return dataclasses.replace(_fields(gen.AudioInputInfo, msg), formats=tuple(msg.formats))
 
 
 def _fields(cls, msg):

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from attnserve.server.batch import Batch
+from attnserve.server.constrained_search import ConstrainedBeamSearch
 from attnserve.server.prepared import PreparedRequest
 from attnserve.server.sampling import SampledSearch
 from attnserve.server.search import BeamSearch, DecodeStrategy, GreedySearch, StepEvents
@@ -51,7 +52,8 @@ def make_strategy(
         raise ValueError(f"one batch needs one beam size, got {sorted(sizes)}")
     size = sizes.pop()
     if size > 1:
-        return BeamSearch(requests, eos, length_budget)
+        constrained = any(r.constraints for r in requests)
+        return (ConstrainedBeamSearch if constrained else BeamSearch)(requests, eos, length_budget)
     if any(r.sampling is not None for r in requests):
         return SampledSearch(requests, eos, length_budget)
     return GreedySearch(requests, eos, length_budget)

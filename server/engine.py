@@ -19,9 +19,10 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from attnserve.server import limits, preprocessing, preprocessors
+from attnserve.server import glossary, limits, preprocessing, preprocessors
 from attnserve.server.batcher import Batcher, BatchingOptions
 from attnserve.server.continuous import ContinuousLoop
+from attnserve.server.glossary import Glossary
 from attnserve.server.generation import GenerationRequest, GenerationResult, ModelInfo, StreamedToken
 from attnserve.server.model_handle import ModelHandle
 from attnserve.server.prepared import PreparedRequest
@@ -58,8 +59,10 @@ class ModelEngine:
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.preprocessor = preprocessor or preprocessors.create(self.manifest, tokenizer)
+        self.glossary = Glossary(glossary.read_file(model.path.parent / glossary.FILE), tokenizer,
+                                 self.manifest.special_tokens.unk, self.manifest.input.kind == "text")
         self._validator = RequestValidator(self.manifest, self.preprocessor, batching.max_beam_size,
-                                           batching.max_attention_values)
+                                           batching.max_attention_values, self.glossary)
         handle = ModelHandle.open(model, runtime, self.preprocessor)
         results = ResultBuilder(self.manifest, tokenizer, self.preprocessor)
         self._continuous = ContinuousLoop(handle, results) if batching.continuous is not None else None
@@ -96,7 +99,8 @@ class ModelEngine:
         info = self.preprocessor.describe(info)
         wire = limits.request_bytes(limits.input_bytes(info, self.max_text_chars))
         return dataclasses.replace(info, max_request_bytes=wire, max_attention_values=self._validator.max_attention_values,
-                                   max_response_bytes=limits.MessageLimits.send_bytes)
+                                   max_response_bytes=limits.MessageLimits.send_bytes,
+                                   glossary_terms=len(self.glossary.default))
 
     @property
     def max_text_chars(self) -> int | None:

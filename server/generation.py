@@ -49,6 +49,10 @@ class DecodingOptions:
     # log p(source | candidate), the same model translating each candidate back (server/reranking.py).
     # Beam search on a model that translates both ways; not streamed. 0 = the beam's own order.
     reverse_weight: float = 0.0
+    # Terminology constraints: (source term, required target term) pairs, sorted (server/glossary.py).
+    # use_default_glossary: also the model's default glossary, these pairs winning where both name a term.
+    glossary: tuple[tuple[str, str], ...] = ()
+    use_default_glossary: bool = False
 
 
 # Greedy search whatever the model's default search is: what a comparison with another greedy decoder needs.
@@ -86,6 +90,7 @@ class InputKind(enum.Enum):
     TEXT = "text"
     AUDIO = "audio"
     IMAGE = "image"
+    VIDEO = "video"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -120,12 +125,25 @@ class ImageInput:
 
 
 @dataclasses.dataclass(frozen=True)
+class VideoInput:
+    """A clip: a video file, or its frames as still images with their rate."""
+
+    # An encoded video file (MP4/H.264, WebM/VP8/VP9 or an animated GIF); b"" when `frames` is set.
+    data: bytes = b""
+    # PNG or JPEG files, one per frame in time order; empty when `data` is set.
+    frames: tuple[bytes, ...] = ()
+    # Rate of `frames` (required with them): frame i shows time i / rate.
+    frames_per_second: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationRequest:
     # Name of the model in the repository.
     model: str
     # Source text (text models); "" when the request carries audio or an image.
     text: str = ""
-    # Target language code, e.g. "en" or "zh-TW"; "" = the model's only / first target language.
+    # Target language code, e.g. "en" or "zh-TW"; "" = the model's only target language, or for text the one
+    # the text is not written in (server/language_detection.py), else the first.
     target_language: str = ""
     decoding: DecodingOptions = DecodingOptions()
     attention: AttentionOptions = AttentionOptions()
@@ -135,6 +153,11 @@ class GenerationRequest:
     audio: AudioInput | None = None
     # An image (captioning models); None for other inputs.
     image: ImageInput | None = None
+    # A clip (video captioning models); None for other inputs.
+    video: VideoInput | None = None
+    # Language of the text (TextInput.source_language); "" = the model's first source language. Read by models
+    # whose source starts with a source-language token (manifest source_language_prefix: NLLB, M2M100).
+    source_language: str = ""
 
     @property
     def input_kinds(self) -> list[InputKind]:
@@ -142,6 +165,7 @@ class GenerationRequest:
         kinds = [InputKind.TEXT] if self.text else []
         kinds += [InputKind.AUDIO] if self.audio is not None else []
         kinds += [InputKind.IMAGE] if self.image is not None else []
+        kinds += [InputKind.VIDEO] if self.video is not None else []
         return kinds
 
 
@@ -210,6 +234,20 @@ class FinishReason(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class TranscriptSegment:
+    """One stretch of a recording longer than the model's window, cut at pauses and transcribed alone
+    (server/longform.py). A stream yields each as soon as it is transcribed; the result lists them all."""
+
+    index: int  # position among the recording's segments, in time order, counted from 0
+    count: int  # how many segments the recording was cut into
+    start_seconds: float  # where the segment starts, from the start of the recording
+    end_seconds: float  # where it ends
+    text: str  # its transcript
+    words: list[WordTiming]  # its words, timed from the start of the recording (not of the segment)
+    finish_reason: FinishReason  # why its decoding stopped
+
+
+@dataclasses.dataclass(frozen=True)
 class Timings:
     queue_seconds: float  # accepted -> first model call for this request
     encode_seconds: float  # encoder call of the batch it ran in
@@ -231,6 +269,18 @@ class ScoredSequence:
 
 
 @dataclasses.dataclass(frozen=True)
+class GlossaryPlacement:
+    """A glossary term found in the source and the output tokens that spell its target term."""
+
+    source: str
+    target: str
+    source_start: int  # characters of the text: [source_start, source_end)
+    source_end: int
+    output_start: int  # output tokens: [output_start, output_end); -1, -1 = not in the output
+    output_end: int
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationResult:
     model: str
     text: str
@@ -245,6 +295,23 @@ class GenerationResult:
     # DecodingOptions.num_return_sequences > 1: the best sequences, best first (the first is the output
     # above); at most that many, fewer when the model can produce fewer. Else empty.
     nbest: list[ScoredSequence] = dataclasses.field(default_factory=list)
+    # Audio longer than the model's window (long-form): its segments in time order; else empty.
+    segments: list[TranscriptSegment] = dataclasses.field(default_factory=list)
+    # Glossary terms of the source, in order, and where the output placed each; empty without any.
+    glossary: list[GlossaryPlacement] = dataclasses.field(default_factory=list)
+    # Video input with attention: each output row's attention per frame and over its most-attended frame.
+    frames: list[FrameAttention] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameAttention:
+    """One output row's attention over a clip, summed per frame (timeline) and on its peak frame (heatmap)."""
+
+    word: str  # the row's label in the attention matrix (a word or a piece)
+    timeline: list[float]  # per sampled frame, in time order: the row's weights summed over the frame's cells
+    frame_seconds: list[float]  # the time each sampled frame shows, in seconds
+    peak_frame: int  # the frame with the largest sum (an index into timeline)
+    heatmap: list[float]  # the row's weights over peak_frame's cells, row by row (grid_rows x grid_cols)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +322,13 @@ class AudioInputInfo:
     max_seconds: float  # longest accepted audio
     max_bytes: int  # largest accepted WAV file (raw samples count 4 bytes each)
     seconds_per_column: float  # time one attention column spans (frame shift x the encoder's time reduction)
+    # Long-form: audio longer than max_seconds, up to this long, is cut at pauses and transcribed segment by
+    # segment (server/longform.py); 0 = not accepted (an older server, or a model it does not cut).
+    long_form_max_seconds: float = 0.0
+    # The largest long-form AudioInput data, in bytes (one hour of 16 kHz 16-bit mono WAV fits).
+    long_form_max_bytes: int = 0
+    # Audio file formats AudioInput data may be in, e.g. ("wav", "flac", "ogg", "mp3"); () = WAV only.
+    formats: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +341,21 @@ class ImageInputInfo:
     grid_cols: int
     max_bytes: int  # largest accepted image file
     max_pixels: int  # most pixels an image header may declare (decompression bombs are refused)
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoInputInfo:
+    """What a video model accepts."""
+
+    frames: int  # frames sampled from every clip (the middle of equal stretches of it)
+    width: int  # pixels of each frame of the model's input
+    height: int
+    grid_rows: int  # the encoder's grid per frame: one attention column per (frame, cell)
+    grid_cols: int
+    max_seconds: float  # longest accepted clip
+    max_bytes: int  # largest accepted file (or all stills together)
+    max_pixels: int  # most pixels a frame may declare (refused before decoding)
+    max_frames: int  # most frames a file may hold (or stills a request may list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +374,7 @@ class ModelInfo:
     input_kind: InputKind = InputKind.TEXT
     audio: AudioInputInfo | None = None  # set for audio models
     image: ImageInputInfo | None = None  # set for image models
+    video: VideoInputInfo | None = None  # set for video models
     max_text_chars: int = 0  # text models: the longest accepted text in characters; 0 for other kinds
     max_beam_size: int = 0  # the largest DecodingOptions.beam_size
     # Beams a request gets with beam_size 0 (unset); 1 = greedy. 0 from a server too old to say: 1.
@@ -293,6 +383,7 @@ class ModelInfo:
     max_attention_values: int = 0  # most attention weights in one response; 0 = only the model's own bounds
     max_response_bytes: int = 0  # the largest response message the server sends
     variant: str = ""  # the manifest variant whose graphs are served ("" = the default graphs)
+    glossary_terms: int = 0  # entries of the model's default glossary
 
 
 def resolved_beam_size(options: DecodingOptions, default: int) -> int:

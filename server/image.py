@@ -76,10 +76,10 @@ def decode(data: bytes, max_pixels: int, min_side: int = 0) -> Image.Image:
         image = ImageOps.exif_transpose(image)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise ValueError(f"cannot decode the {kind} image: {exc}") from None
-    return _flatten(image)
+    return flatten(image)
 
 
-def _flatten(image: Image.Image) -> Image.Image:
+def flatten(image: Image.Image) -> Image.Image:
     """RGB or L (grey): transparency over BACKGROUND, 16-bit grey reduced to 8 bits, palettes expanded."""
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):
         return Image.fromarray((np.asarray(image, dtype=np.uint32) >> 8).clip(0, 255).astype(np.uint8), "L")

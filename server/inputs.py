@@ -2,8 +2,9 @@
 
 A spec says which encoder inputs (roles) the kind's preprocessor feeds, with what dtype and shape, and the
 parameters of its preprocessing (audio: sample rate, log-mel features, time reduction; images: size,
-normalisation, grid) with the limits a request must respect. The preprocessors themselves live in
-server/preprocessing.py (text), server/audio.py and server/image.py.
+normalisation, grid; video: frames per clip, frame size, normalisation, grid per frame) with the limits a
+request must respect. The preprocessors themselves live in server/preprocessing.py (text), server/audio.py,
+server/image.py and server/video.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from attnserve.server.features import FEATURE_TYPES, LogMelSpec
 if TYPE_CHECKING:
     from attnserve.server.manifest import FieldReader
 
-INPUT_KINDS = ("text", "audio", "image")
+INPUT_KINDS = ("text", "audio", "image", "video")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +95,42 @@ class ImageInputSpec:
         return {"pixel_values": EncoderInput("float32", (None, self.channels, self.height, self.width))}
 
 
-InputSpec = TextInputSpec | AudioInputSpec | ImageInputSpec
+@dataclasses.dataclass(frozen=True)
+class VideoInputSpec:
+    """A clip sampled to a fixed number of frames, each read like an image: a grid of cells per frame."""
+
+    kind: ClassVar[str] = "video"
+    # Frames the encoder reads per clip: the frames showing the middle of `frames` equal stretches of it.
+    frames: int
+    # Pixels of each frame of the model's input, and its channels (1 = grey, 3 = RGB).
+    height: int
+    width: int
+    channels: int
+    # Per channel: pixel / 255, minus mean, divided by std.
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    # The encoder's grid per frame: one attention column per (frame, cell), frame by frame, row by row.
+    grid_rows: int
+    grid_cols: int
+    # Longest accepted clip, in seconds (the container's duration, or stills / frames_per_second).
+    max_seconds: float
+    # Largest accepted video file (or sum of still files), in bytes.
+    max_bytes: int
+    # Most pixels (width x height) a frame may declare; more is refused before any frame is decoded.
+    max_pixels: int
+    # Most frames a file may hold (or stills a request may list); past it decoding stops and refuses the clip.
+    max_frames: int
+
+    def encoder_inputs(self) -> dict[str, EncoderInput]:
+        """Role -> what is fed: normalised frames (B, T, C, H, W); every clip gives `frames` frames, no mask."""
+        return {"pixel_values": EncoderInput("float32", (None, None, self.channels, self.height, self.width))}
+
+    @property
+    def cells(self) -> int:
+        return self.grid_rows * self.grid_cols
+
+
+InputSpec = TextInputSpec | AudioInputSpec | ImageInputSpec | VideoInputSpec
 
 
 def parse_input(r: FieldReader) -> InputSpec:
@@ -113,6 +149,8 @@ def parse_input(r: FieldReader) -> InputSpec:
         return _audio_input(spec)
     if kind == "image":
         return _image_input(spec)
+    if kind == "video":
+        return _video_input(spec)
     spec.fail(f"kind {kind!r} is not one of {list(INPUT_KINDS)}")
 
 
@@ -162,4 +200,28 @@ def _image_input(r: FieldReader) -> ImageInputSpec:
     )
     if spec.grid_rows > spec.height or spec.grid_cols > spec.width:
         grid.fail(f"{spec.grid_rows} x {spec.grid_cols} cells do not fit a {spec.height} x {spec.width} image")
+    return spec
+
+
+def _video_input(r: FieldReader) -> VideoInputSpec:
+    channels = r.integer("channels", 1)
+    if channels not in (1, 3):
+        r.fail(f"channels {channels} is not 1 (grey) or 3 (RGB)")
+    normalize, grid, limits = r.obj("normalize"), r.obj("grid"), r.obj("limits")
+    spec = VideoInputSpec(
+        frames=r.integer("frames", 1),
+        height=r.integer("height", 1),
+        width=r.integer("width", 1),
+        channels=channels,
+        mean=normalize.numbers("mean", channels),
+        std=normalize.numbers("std", channels, positive=True),
+        grid_rows=grid.integer("rows", 1),
+        grid_cols=grid.integer("cols", 1),
+        max_seconds=limits.number("max_seconds", positive=True),
+        max_bytes=limits.integer("max_bytes", 1),
+        max_pixels=limits.integer("max_pixels", 1),
+        max_frames=limits.integer("max_frames", 1),
+    )
+    if spec.grid_rows > spec.height or spec.grid_cols > spec.width:
+        grid.fail(f"{spec.grid_rows} x {spec.grid_cols} cells do not fit a {spec.height} x {spec.width} frame")
     return spec

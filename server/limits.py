@@ -42,6 +42,9 @@ def input_bytes(info: ModelInfo, max_text_chars: int | None = None) -> int:
         return info.audio.max_bytes  # raw samples are 4 bytes each, like the WAV limit counts them
     if info.input_kind is InputKind.IMAGE:
         return info.image.max_bytes
+    if info.input_kind is InputKind.VIDEO:
+        # Stills: each PNG/JPEG file's own few bytes of protobuf framing, at most max_frames of them.
+        return info.video.max_bytes + 8 * info.video.max_frames
     chars = max_text_chars if max_text_chars is not None else info.max_source_tokens * 32
     return chars * UTF8_MAX_BYTES
 

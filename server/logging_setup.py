@@ -1,14 +1,18 @@
 """The server's logging: level and format from the command line, one access line per request, and rejections
 (bad requests, overload, missing tokens) rate-limited so that abuse cannot flood the log.
 
-`--log-format json` writes one JSON object per line (time, level, logger, message, and the access fields
-as keys of their own) for log collectors; `text` is the human-readable default.
+`--log-format json` writes one JSON object per line (time in ISO 8601 with its UTC offset, level, logger,
+message, and the access fields as keys of their own) for log collectors; `text` is the human-readable
+default. `serve` also routes what native code writes to stderr, ONNX Runtime's warnings among them,
+through the same handler (server/native_log.py), so the stream stays one format.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
+import secrets
 import threading
 import time
 
@@ -25,7 +29,10 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            # Timezone-aware, in UTC: collectors on other machines read the same instant.
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -36,18 +43,33 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure(level: str = "info", fmt: str = "text") -> None:
-    """Sets the root logger's level and its one stderr handler's format (replacing earlier handlers)."""
-    handler = logging.StreamHandler()
+def configure(level: str = "info", fmt: str = "text", native: bool = False) -> None:
+    """Sets the root logger's level and its one stderr handler's format (replacing earlier handlers).
+
+    Args:
+        native: also route what native code writes to stderr through this handler (the server does; once
+            set, for the rest of the process).
+    """
+    if native:
+        from attnserve.server import native_log
+
+        handler = logging.StreamHandler(native_log.capture())
+    else:
+        handler = logging.StreamHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S%z"))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+
+
+def new_request_id() -> str:
+    """An id for a request whose client sent none, so that its log lines can still be told apart."""
+    return "gen-" + secrets.token_hex(8)
 
 
 def log_access(method: str, model: str, code: str, tokens: int, seconds: float, request_id: str) -> None:

@@ -26,11 +26,25 @@ STATE_DTYPES = ("float32", "float16", "int64", "int32", "bool")
 
 
 @dataclasses.dataclass(frozen=True)
-class TokenizerSpec:
+class SourceTokenizerSpec:
+    """A tokenizer of its own for reading text sources, when the model reads and writes differently (an
+    imported Marian model: source SentencePiece model and vocabulary; docs/model-contract.md)."""
+
     # Tokenizer file name inside the version folder.
+    file: str
+    # The encoder's vocabulary, a JSON object piece -> id (0..N-1): the tokenizer's ids from N on (pieces the
+    # vocabulary lacks) are read as `unk`, and a run of characters it could not segment is looked up here.
+    vocab: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSpec:
+    # Tokenizer file name inside the version folder (the output's; text sources too unless `source` is set).
     file: str
     # How pieces group into words for word-level attention (see WORD_BOUNDARIES).
     word_boundary: str
+    # The source text's own tokenizer; None = `file` reads the source too.
+    source: SourceTokenizerSpec | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +207,14 @@ class Manifest:
     # Optional LM whose scores join the decoder's at every step (docs/model-contract.md).
     language_model: LanguageModelSpec | None = None
     decoding: DecodingDefaults = DecodingDefaults()
+    # Target language -> a token put before the text of the source (a multilingual Marian model reads the
+    # language it should write, `>>cmn_Hant<<`, at the start of its input); empty for other models.
+    source_prefix: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Source language -> a token put before the text of the source (NLLB's `eng_Latn`, M2M100's `__en__`).
+    source_language_prefix: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Target language -> the decoder's forced first output token (NLLB, M2M100: forced_bos_token_id, the
+    # target-language token after the start token); empty when the model chooses its first token itself.
+    forced_first_token: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 class FieldReader:
@@ -326,6 +348,9 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         variants=_variants(r),
         language_model=_language_model(r),
         decoding=_decoding_defaults(r),
+        source_prefix=_optional_tokens(r, "source_prefix"),
+        source_language_prefix=_optional_tokens(r, "source_language_prefix"),
+        forced_first_token=_optional_tokens(r, "forced_first_token"),
     )
     _check_consistency(manifest, where)
     return manifest
@@ -365,7 +390,11 @@ def _limits(r: FieldReader, spec: InputSpec) -> Limits:
 
 
 def _tokenizer(r: FieldReader) -> TokenizerSpec:
-    spec = TokenizerSpec(file=r.string("file"), word_boundary=r.string("word_boundary"))
+    source = None
+    if "source" in r.data:
+        s = r.obj("source")
+        source = SourceTokenizerSpec(s.string("file"), s.string("vocab"))
+    spec = TokenizerSpec(file=r.string("file"), word_boundary=r.string("word_boundary"), source=source)
     if spec.word_boundary not in WORD_BOUNDARIES:
         r.fail(f"word_boundary {spec.word_boundary!r} is not one of {list(WORD_BOUNDARIES)}")
     return spec
@@ -470,6 +499,11 @@ def _state(r: FieldReader) -> StateSpec:
     )
 
 
+def _optional_tokens(r: FieldReader, key: str) -> Mapping[str, int]:
+    """An optional language -> token id table (source_prefix, source_language_prefix, forced_first_token)."""
+    return _decoder_start(r.obj(key)) if key in r.data else types.MappingProxyType({})
+
+
 def _state_init(r: FieldReader) -> str | None:
     init = r.get("init", (str, dict))
     if init == "zeros":
@@ -484,6 +518,12 @@ def _check_consistency(m: Manifest, where: str) -> None:
     missing = [lang for lang in m.target_languages if lang not in m.decoder_start]
     if missing:
         raise ValueError(f"{where}: decoder_start has no token for target language(s) {missing}")
+    if m.source_prefix and sorted(m.source_prefix) != sorted(m.target_languages):
+        raise ValueError(f"{where}: source_prefix must name a token for every target language, and only those")
+    if m.forced_first_token and sorted(m.forced_first_token) != sorted(m.target_languages):
+        raise ValueError(f"{where}: forced_first_token must name a token for every target language, and only those")
+    if m.source_language_prefix and sorted(m.source_language_prefix) != sorted(m.source_languages):
+        raise ValueError(f"{where}: source_language_prefix must name a token for every source language, and only those")
     extra = [lang for lang in m.decoder_start if lang not in m.target_languages]
     if extra:
         raise ValueError(f"{where}: decoder_start names {extra}, which are not in languages.target")

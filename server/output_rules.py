@@ -2,6 +2,8 @@
 
 - **Minimum length** (`min_new_tokens`): end-of-sequence gets -inf until the row has generated that many
   tokens.
+- **Forced first token** (manifest `forced_first_token`, NLLB's target-language token): at the first step
+  every other token gets -inf, as transformers' `forced_bos_token_id` does (its log-probability is then 0).
 - **Repetition guard** (`no_repeat_ngram_size` n): a token that would complete an n-gram the row has
   already generated gets -inf (n = 1 forbids every token already used).
 
@@ -32,6 +34,8 @@ class OutputRules:
         self._min_new = np.array([r.min_new_tokens for r in requests], dtype=np.int64)  # (N,)
         self._ngram = np.array([r.no_repeat_ngram_size for r in requests], dtype=np.int64)  # (N,)
         self._tracks_tokens = bool((self._ngram > 0).any())
+        forced = [-1 if r.forced_first_id is None else r.forced_first_id for r in requests]
+        self._forced_first = np.array(forced, dtype=np.int64)  # (N,) -1 = none
         self._row_tokens = np.zeros((0, 0), dtype=np.int64)  # (B, t) tokens each row generated so far
 
     def start(self, rows: int) -> None:
@@ -46,6 +50,8 @@ class OutputRules:
             row_request: (B,) the request of each row.
             step: tokens every row has generated so far (rows of one batch advance together).
         """
+        if step == 0:
+            self._force_first(logits, row_request)
         short = np.flatnonzero(step < self._min_new[row_request])
         guarded = np.flatnonzero(self._ngram[row_request] > 0) if self._tracks_tokens else short[:0]
         if not len(short) and not len(guarded):
@@ -59,6 +65,14 @@ class OutputRules:
         empty = touched[~np.isfinite(logits[touched]).any(axis=1)]
         if len(empty):
             logits[empty] = before[np.searchsorted(touched, empty)]
+
+    def _force_first(self, logits: np.ndarray, row_request: np.ndarray) -> None:
+        forced = self._forced_first[row_request]  # (B,)
+        rows = np.flatnonzero(forced >= 0)
+        if len(rows):
+            kept = logits[rows, forced[rows]]
+            logits[rows] = -np.inf
+            logits[rows, forced[rows]] = kept
 
     def extend(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         """Follows the strategy's selection: keeps `rows` (in order, repeats allowed) and appends `tokens`."""

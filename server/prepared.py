@@ -45,6 +45,11 @@ class PreparedRequest:
     forced_ids: tuple[int, ...] | None = None
     # DecodingOptions.reverse_weight > 0: the language to translate the candidates back into.
     reverse_language: str | None = None
+    # The token the first step must output (manifest forced_first_token: NLLB's target-language token);
+    # None = the model chooses.
+    forced_first_id: int | None = None
+    # Glossary terms the output must contain (server/glossary.py Constraint); () = none.
+    constraints: tuple = ()
 
     @property
     def keeps_attention(self) -> bool:

@@ -10,10 +10,11 @@ The decode loop, the batcher, beam search and attention aggregation never ask wh
   source_tokens()  one label per attention column (text: pieces; audio: time spans; images: grid cells);
   source_words()   how columns group at word granularity (text: words; other kinds: each column alone);
   word_timings()   each output word's time span, read from its attention (audio only);
+  frame_attention() each output row's attention per frame and on its peak frame (video only);
   describe()       the kind and limits a client reads in ModelInfo.
 
-Text lives here; audio (server/audio.py) and images (server/image.py) each have their own module, so a new
-input kind is one new module, its spec for the manifest's `input` (server/inputs.py) and a line in
+Text lives here; audio (server/audio.py), images (server/image.py) and video (server/video.py) each have their
+own module, so a new input kind is one new module, its spec for the manifest's `input` (server/inputs.py) and a line in
 server/preprocessors.py, which picks a model's preprocessor by its kind.
 """
 
@@ -26,7 +27,15 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from attnserve.server.generation import GenerationRequest, InputKind, ModelInfo, Token, WordTiming
+from attnserve.server.generation import (
+    AttentionMatrix,
+    FrameAttention,
+    GenerationRequest,
+    InputKind,
+    ModelInfo,
+    Token,
+    WordTiming,
+)
 from attnserve.server.manifest import Manifest
 from attnserve.server.tokenization import Tokenizer, Words
 
@@ -123,6 +132,11 @@ class Preprocessor(abc.ABC):
         """
         return []
 
+    def frame_attention(self, source: Source, attention: AttentionMatrix) -> list[FrameAttention]:
+        """Each row's attention summed per frame and on its most-attended frame, for kinds with frames
+        (video); by default none."""
+        return []
+
     @abc.abstractmethod
     def describe(self, info: ModelInfo) -> ModelInfo:
         """`info` with this kind's fields filled in: input_kind, max_source_tokens, and its limits."""
@@ -158,12 +172,18 @@ class TextPreprocessor(Preprocessor):
             raise ValueError("text is empty; give the text to translate")
         name, limit = self.manifest.name, self.manifest.limits.max_source_tokens
         # Every piece covers at most max_piece_chars characters: refuse a surely-too-long text untokenized.
-        if len(request.text) > limit * self.tokenizer.max_piece_chars:
+        chars = limit * self.tokenizer.source.max_piece_chars
+        if len(request.text) > chars:
             raise ValueError(
                 f"source is {len(request.text)} characters long; model '{name}' accepts at most {limit} tokens, "
-                f"which is never more than {limit * self.tokenizer.max_piece_chars} characters"
+                f"which is never more than {chars} characters"
             )
         ids = self.tokenizer.encode(request.text)
+        if self.manifest.source_prefix:  # the target language's token first (manifest source_prefix)
+            language = request.target_language or self.manifest.target_languages[0]
+            ids = [self.manifest.source_prefix[language], *ids] if language in self.manifest.source_prefix else ids
+        if self.manifest.source_language_prefix:  # the source language's token first (NLLB, M2M100)
+            ids = [self.manifest.source_language_prefix[request.source_language or self.manifest.source_languages[0]], *ids]
         if len(ids) > limit:
             raise ValueError(f"source is {len(ids)} tokens long (EOS included); model '{name}' accepts at most {limit}")
         return TextSource(tuple(ids))
@@ -175,10 +195,10 @@ class TextPreprocessor(Preprocessor):
         return EncoderBatch({inputs["input_ids"]: ids, inputs["attention_mask"]: mask}, mask.sum(axis=1))
 
     def source_tokens(self, source: TextSource) -> list[Token]:
-        return [Token(p, i, 0.0) for p, i in zip(self.tokenizer.pieces(source.ids), source.ids)]
+        return [Token(p, i, 0.0) for p, i in zip(self.tokenizer.source.pieces(source.ids), source.ids)]
 
     def source_words(self, source: TextSource) -> Words:
-        return self.tokenizer.words(source.ids)
+        return self.tokenizer.source.words(source.ids)
 
     def describe(self, info: ModelInfo) -> ModelInfo:
         return dataclasses.replace(info, input_kind=self.kind, max_source_tokens=self.manifest.limits.max_source_tokens)

@@ -1,7 +1,7 @@
 """Every input kind's preprocessor, by the manifest's `input.kind`: the one place that knows them all.
 
 The base class and the text preprocessor are server/preprocessing.py's; each other kind's module builds on
-it (server/audio.py, server/image.py), so picking one lives here, above all of them, and no module imports
+it (server/audio.py, server/image.py, server/video.py), so picking one lives here, above all of them, and no module imports
 another from inside a function.
 """
 
@@ -12,9 +12,10 @@ from attnserve.server.image import ImagePreprocessor
 from attnserve.server.manifest import Manifest
 from attnserve.server.preprocessing import Preprocessor, TextPreprocessor
 from attnserve.server.tokenization import Tokenizer
+from attnserve.server.video import VideoPreprocessor
 
 KINDS: dict[str, type[Preprocessor]] = {
-    cls.kind.value: cls for cls in (TextPreprocessor, AudioPreprocessor, ImagePreprocessor)
+    cls.kind.value: cls for cls in (TextPreprocessor, AudioPreprocessor, ImagePreprocessor, VideoPreprocessor)
 }
 
 

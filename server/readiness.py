@@ -29,7 +29,7 @@ class HealthServicer(health.aio.HealthServicer):
 
 def warm_up_request(info: generation.ModelInfo) -> generation.GenerationRequest | None:
     """A one-token request of the model's input kind (text, half a second of silence, a gray image of the
-    model's size); None for a kind without one."""
+    model's size, a clip of gray stills); None for a kind without one."""
     decoding = generation.DecodingOptions(max_new_tokens=1)
     if info.input_kind is generation.InputKind.TEXT:
         return generation.GenerationRequest(model=info.name, text="warm up", decoding=decoding, request_id="warm-up")
@@ -42,6 +42,11 @@ def warm_up_request(info: generation.ModelInfo) -> generation.GenerationRequest 
         Image.new("RGB", (info.image.width, info.image.height), (128, 128, 128)).save(gray, format="PNG")
         image = generation.ImageInput(data=gray.getvalue())
         return generation.GenerationRequest(model=info.name, image=image, decoding=decoding, request_id="warm-up")
+    if info.input_kind is generation.InputKind.VIDEO:  # stills: a server without PyAV warms up too
+        gray = io.BytesIO()
+        Image.new("RGB", (info.video.width, info.video.height), (128, 128, 128)).save(gray, format="PNG")
+        clip = generation.VideoInput(frames=(gray.getvalue(),) * info.video.frames, frames_per_second=info.video.frames)
+        return generation.GenerationRequest(model=info.name, video=clip, decoding=decoding, request_id="warm-up")
     return None
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from attnserve.server import glossary
 from attnserve.server.attention import attention_matrix, combine_heads
 from attnserve.server.batcher import WorkItem
 from attnserve.server.explanation import explain
@@ -143,6 +144,8 @@ class ResultBuilder:
             timings=clock.timings(accepted, size),
             words=words,
             nbest=self.nbest(prepared, hyp),
+            glossary=glossary.placements(prepared.constraints, ids),
+            frames=self.preprocessor.frame_attention(prepared.source, attention) if attention is not None else [],
         )
 
     def _attention(self, prepared: PreparedRequest, hyp: Hypothesis, ids: list[int], pieces: list[str],

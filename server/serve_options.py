@@ -77,6 +77,9 @@ class ServeOptions:
     # Refuse at once (RESOURCE_EXHAUSTED, with a retry hint) a request its model cannot finish before its
     # deadline, estimated from the work ahead of it and its own (server/cost.py).
     deadline_admission: bool = True
+    # Audio models: recordings longer than the model's window, up to this long, are cut at pauses and
+    # transcribed segment by segment (server/longform.py); 0 = the window is the limit.
+    long_form_max_minutes: float = bounded(60.0, least=0)
     skip_broken_models: bool = False  # serve the healthy models when some fail to load (those: NOT_SERVING)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the port speaks TLS only
     tls_key: str | None = None  # PEM private key
@@ -135,7 +138,8 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--host": ("host", dict(help="interface to listen on (default: %(default)s, loopback; 0.0.0.0 = every IPv4 "
                              "interface, [::] = every interface)")),
     "--port": ("port", dict(type=int, help="gRPC port (default: %(default)s)")),
-    "--device": ("device", dict(choices=DEVICES, help="(default: %(default)s)")),
+    "--device": ("device", dict(choices=DEVICES, help="where the models run: cpu, or cuda (the `gpu` extra's "
+                                "onnxruntime-gpu and a visible GPU) (default: %(default)s)")),
     "--io-binding": (
         "io_binding",
         dict(choices=IO_BINDING, help="keep the decoder's encoder K/V and K/V cache on the device between steps "
@@ -243,6 +247,11 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         dict(action="store_false", help="admit every request whatever its deadline, instead of refusing at once "
              "(RESOURCE_EXHAUSTED, with a retry hint) what its model cannot finish in time"),
     ),
+    "--long-form-max-minutes": (
+        "long_form_max_minutes",
+        dict(type=float, help="audio models: transcribe recordings longer than the model's window, up to this "
+             "many minutes, cut at pauses (default: %(default)s; 0 = refuse them)"),
+    ),
     "--skip-broken-models": (
         "skip_broken_models",
         dict(action="store_true", help="serve the models that load; report the others NOT_SERVING"),
@@ -254,8 +263,11 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         "auth_token_file",
         dict(help="require 'authorization: Bearer <token>' with a token of this file (one per line)"),
     ),
-    "--log-level": ("log_level", dict(choices=logging_setup.LEVELS, help="(default: %(default)s)")),
-    "--log-format": ("log_format", dict(choices=logging_setup.FORMATS, help="(default: %(default)s)")),
+    "--log-level": ("log_level", dict(choices=logging_setup.LEVELS, help="least severe log lines written; "
+                                      "debug names every request (default: %(default)s)")),
+    "--log-format": ("log_format", dict(choices=logging_setup.FORMATS, help="text for people, json for log "
+                                        "collectors: one object per line, ONNX Runtime's own lines included "
+                                        "(default: %(default)s)")),
 }
 
 

@@ -149,7 +149,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         engine = self._engine(request.model)
         kind = request.WhichOneof("input")
         if kind is None:
-            raise ValueError("missing input: set one of text, audio, image")
+            raise ValueError("missing input: set one of text, audio, image, video")
         wanted = engine.info.input_kind.value
         if kind != wanted:
             raise ValueError(f"model {request.model!r} takes {wanted} input, not {kind}")
@@ -185,6 +185,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         its access line."""
         code, reason = grpc.StatusCode.OK, None
         model = request.model
+        request.request_id = request.request_id or logging_setup.new_request_id()  # every log line names one
         access = _Access(started=time.perf_counter())
         try:
             yield access
@@ -279,6 +280,9 @@ class _TokenStream:
         shorter), until the engine finishes. Raises TimeoutError as `events` does."""
         group, size = [], 1
         async for event in self.events(deadline):
+            if isinstance(event, generation.TranscriptSegment):  # long-form: every segment in a message of its own
+                yield [event]
+                continue
             group.append(event)
             if len(group) == size:
                 yield group

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import re
@@ -48,6 +49,13 @@ class Tokenizer:
         self._tokenizer = tokenizer
         self.eos = eos
         self.vocab_size = tokenizer.get_vocab_size()
+        # The tokenizer that reads text sources (`encode`, source pieces and words): this one, unless the
+        # manifest names a source tokenizer of its own (tokenizer.source).
+        self.source = self
+        # A source tokenizer's encoder vocabulary (piece -> id) and unk id; None for one that numbers its
+        # pieces as the encoder does.
+        self._vocab: dict[str, int] | None = None
+        self._unk: int | None = None
         added = tokenizer.get_added_tokens_decoder()
         self._special = frozenset(special_ids) | {i for i, token in added.items() if token.special}
         self._pieces = [tokenizer.id_to_token(i) or "" for i in range(self.vocab_size)]
@@ -75,18 +83,62 @@ class Tokenizer:
         out_of_range = sorted(i for i in special if i >= size)
         if out_of_range:
             raise ValueError(f"{path}: special or start token id(s) {out_of_range} >= vocabulary size {size}")
-        return cls(tokenizer, s.eos, special, manifest.tokenizer.word_boundary)
+        output = cls(tokenizer, s.eos, special, manifest.tokenizer.word_boundary)
+        if manifest.tokenizer.source is not None:
+            output.source = cls._source(pathlib.Path(folder), manifest, special)
+            output.max_piece_chars = output.source.max_piece_chars  # it bounds the text a source may be
+        return output
+
+    @classmethod
+    def _source(cls, folder: pathlib.Path, manifest: Manifest, special: set[int]) -> Tokenizer:
+        """The manifest's source tokenizer, reading ids in the encoder's own vocabulary."""
+        spec = manifest.tokenizer.source
+        path = folder / spec.file
+        try:
+            tokenizer = tokenizers.Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception for bad files.
+            raise ValueError(f"{path}: cannot load tokenizer: {exc}") from exc
+        vocab = _read_vocabulary(folder / spec.vocab)
+        s = manifest.special_tokens
+        if tokenizer.get_vocab_size() < len(vocab) or max(s.unk, s.eos) >= len(vocab):
+            raise ValueError(f"{path}: has {tokenizer.get_vocab_size()} pieces for a source vocabulary of "
+                             f"{len(vocab)}, which must hold the unk and eos ids {s.unk}, {s.eos}")
+        source = cls(tokenizer, s.eos, {i for i in special if i < len(vocab)}, manifest.tokenizer.word_boundary)
+        source._vocab, source._unk = vocab, s.unk
+        # Column labels are the vocabulary's pieces (the tokenizer holds placeholders where its segmenter
+        # has no such piece).
+        by_id = {i: piece for piece, i in vocab.items()}
+        source._pieces = [by_id[i] for i in range(len(vocab))]
+        return source
 
     def encode(self, text: str) -> list[int]:
         """Source ids for `text`: the tokenizer's ids followed by EOS."""
         # encode_batch releases the GIL while it works (encode holds it): a long text tokenized on a
         # submitting thread must not stall the server's event loop.
+        if self.source is not self:
+            return self.source.encode(text)
         (encoding,) = self._tokenizer.encode_batch([text], add_special_tokens=False)
-        return encoding.ids + [self.eos]
+        if self._unk is None:
+            return encoding.ids + [self.eos]
+        return self._known_ids(text, encoding) + [self.eos]
+
+    def _known_ids(self, text: str, encoding: tokenizers.Encoding) -> list[int]:
+        """A source tokenizer's ids in the encoder's vocabulary: pieces it lacks are unk, and a run of
+        characters the segmenter did not know is looked up by its normalised text (transformers' Marian
+        and M2M100 tokenizers look SentencePiece's unknown pieces up in vocab.json the same way)."""
+        size = len(self._vocab)
+        ids = [i if i < size else self._unk for i in encoding.ids]
+        normalizer = self._tokenizer.normalizer
+        for k, (start, end) in enumerate(encoding.offsets):
+            if ids[k] == self._unk:
+                surface = text[start:end] if normalizer is None else normalizer.normalize_str(text[start:end])
+                ids[k] = self._vocab.get(surface, self._unk)
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Detokenized text; special tokens are dropped."""
-        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+        """Detokenized text; special tokens are dropped, and the spaces at both ends (a word marker opening
+        the text, a lone one closing it; docs/model-contract.md)."""
+        return self._tokenizer.decode(list(ids), skip_special_tokens=True).strip(" ")
 
     def text_delta(self, previous: Sequence[int], new: int) -> str:
         """The text that token `new` adds after `previous` (what a stream prints; "" for special tokens)."""
@@ -124,6 +176,21 @@ class Tokenizer:
 # Characters that carry no text: controls (NUL, ...), format characters (zero-width spaces and joiners, the
 # BOM, direction marks), separators and unassigned code points.
 _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp", "Cn"})
+
+
+def _read_vocabulary(path: pathlib.Path) -> dict[str, int]:
+    """A JSON vocabulary piece -> id with ids 0..N-1.
+
+    Raises:
+        ValueError: naming the file, when it cannot be read or is not such an object.
+    """
+    try:
+        vocab = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the source vocabulary: {exc}") from exc
+    if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(len(vocab))):
+        raise ValueError(f"{path}: not a vocabulary of pieces numbered 0..N-1")
+    return vocab
 
 
 def check_text(text: str) -> None:

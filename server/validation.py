@@ -15,6 +15,8 @@ import math
 import secrets
 
 from attnserve.server.generation import DecodingOptions, GenerationRequest, SamplingOptions, resolved_beam_size
+from attnserve.server.glossary import Glossary
+from attnserve.server.language_detection import target_for
 from attnserve.server.manifest import Manifest
 from attnserve.server.prepared import PreparedRequest
 from attnserve.server.preprocessing import Preprocessor
@@ -29,11 +31,13 @@ class RequestValidator:
         preprocessor: reads and validates the model's input kind.
         max_beam_size: widest beam this server accepts (every beam is a batch row).
         max_attention_values: most attention weights one response may carry; 0 = no limit.
+        glossary: turns the request's glossary terms into constraints (server/glossary.py); None = none.
     """
 
     def __init__(self, manifest: Manifest, preprocessor: Preprocessor, max_beam_size: int,
-                 max_attention_values: int = 0):
+                 max_attention_values: int = 0, glossary: Glossary | None = None):
         self.manifest = manifest
+        self.glossary = glossary
         self.preprocessor = preprocessor
         self.max_beam_size = max_beam_size
         self.max_attention_values = max_attention_values
@@ -53,10 +57,13 @@ class RequestValidator:
         m = self.manifest
         if request.model and request.model != m.name:
             raise ValueError(f"request for model '{request.model}' sent to model '{m.name}'")
-        language = request.target_language or m.target_languages[0]
+        language = request.target_language or target_for(m.source_languages, m.target_languages, request.text)
         if language not in m.decoder_start:
             supported = ", ".join(m.target_languages)
             raise ValueError(f"unknown target language '{language}' for model '{m.name}'; supported: {supported}")
+        if request.source_language and request.source_language not in m.source_languages:
+            raise ValueError(f"unknown source language '{request.source_language}' for model '{m.name}'; "
+                             f"supported: {', '.join(m.source_languages)}")
         max_new_tokens = self._max_new_tokens(request.decoding.max_new_tokens)
         beam_size = resolved_beam_size(request.decoding, self.default_beam_size)
         if not 1 <= beam_size <= self.max_beam_size:
@@ -75,11 +82,13 @@ class RequestValidator:
         if layer is not None:
             self._check_attention_values(max_new_tokens, source.length, request.decoding.num_return_sequences)
         reverse = self._reverse_language(language) if request.decoding.reverse_weight > 0 else None
+        constraints = self.glossary.constraints(request, max_new_tokens, beam_size) if self.glossary else ()
         return PreparedRequest(
             request=request,
             source=source,
             target_language=language,
             start_id=m.decoder_start[language],
+            forced_first_id=m.forced_first_token.get(language),
             max_new_tokens=max_new_tokens,
             beam_size=beam_size,
             attention_layer=layer,
@@ -92,6 +101,7 @@ class RequestValidator:
             attention_heads=heads,
             attention_reduction=request.attention.reduction,
             reverse_language=reverse,
+            constraints=constraints,
         )
 
     def _reverse_language(self, target: str) -> str:

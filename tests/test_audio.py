@@ -233,6 +233,8 @@ def test_describe_states_the_kind_and_limits(pre):
     info = pre.describe(base)
     assert info.input_kind is InputKind.AUDIO and info.image is None
     assert dataclasses.asdict(info.audio) == {
-        "sample_rate_hz": 16000, "max_seconds": 2.0, "max_bytes": 400_000, "seconds_per_column": pytest.approx(0.04)
+        "sample_rate_hz": 16000, "max_seconds": 2.0, "max_bytes": 400_000, "seconds_per_column": pytest.approx(0.04),
+        # Long-form limits and other formats are the server's (server/longform.py), not the preprocessor's.
+        "long_form_max_seconds": 0.0, "long_form_max_bytes": 0, "formats": (),
     }
     assert info.max_source_tokens == math.ceil(198 / 4)  # 2 s: 198 frames

@@ -47,7 +47,7 @@ def test_the_wheel_holds_the_client_and_nothing_of_the_serving_core(client_wheel
         shared = {name: archive.read(name) for name in names if name.endswith(".py") and "_pb2" not in name}
     modules = {name for name in names if not name.startswith("attnserve_client-")}
     clients = {f"attnserve/clients/{p.name}" for p in (ROOT / "clients").glob("*.py")}
-    server = {f"attnserve/server/{name}.py" for name in ("__init__", "generation", "convert")}
+    server = {f"attnserve/server/{name}.py" for name in ("__init__", "generation", "convert", "language_detection")}
     api = {f"attnserve/v1/{name}" for name in ("__init__.py", "attnserve.proto", "attnserve_pb2.py",
                                                "attnserve_pb2.pyi", "attnserve_pb2_grpc.py")}
     assert modules == clients | server | api  # no clients/web/, no attnserve/__init__.py, no serving core

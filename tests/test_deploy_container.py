@@ -57,3 +57,5 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_nothing_heavy():
               if line.startswith("COPY ") and "--from" not in line]
     assert {source.rstrip("/") for sources in copies for source in sources} <= allowed
     assert not allowed & {".venv", "data", ".git", "tests", "runs"}
+    # A local build of the client distribution or of the TypeScript client stays out too.
+    assert {"clients/standalone/build/", "clients/js/"} <= set(ignore)

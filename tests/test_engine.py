@@ -133,9 +133,10 @@ def test_word_attention_keeps_rows_summing_to_one(engine):
     np.testing.assert_allclose(np.sum(m.weights, axis=1), 1.0, atol=1e-5)
 
 
-def test_defaults_first_language_no_attention(engine):
+def test_defaults_other_language_no_attention(engine):
+    # No target language: English text goes into the model's other language (server/language_detection.py).
     result = engine.generate(GenerationRequest(MODEL, "Save", decoding=DecodingOptions(max_new_tokens=2)), WAIT)
-    assert result.target_language == "en" and result.attention is None and len(result.tokens) <= 2
+    assert result.target_language == "zh-TW" and result.attention is None and len(result.tokens) <= 2
     t = result.timings
     assert t.batch_size == 1 and min(t.queue_seconds, t.encode_seconds, t.decode_seconds) >= 0
     assert t.total_seconds >= t.first_token_seconds >= t.queue_seconds and t.total_seconds >= t.decode_seconds

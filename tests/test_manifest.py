@@ -203,7 +203,8 @@ def test_the_captioner_example_parses_as_image():
 @pytest.mark.parametrize(
     "example,path,value,message",
     [
-        ("speller", "input.kind", "video", "field 'input' kind 'video' is not one of ['text', 'audio', 'image']"),
+        ("speller", "input.kind", "point-cloud",
+         "field 'input' kind 'point-cloud' is not one of ['text', 'audio', 'image', 'video']"),
         ("speller", "input.kind", KeyError, "missing field 'input.kind'"),
         ("speller", "input.sample_rate_hz", 0, "field 'input.sample_rate_hz' must be >= 1"),
         ("speller", "input.features.type", "mfcc", "field 'input.features' type 'mfcc' is not one of ['log-mel']"),

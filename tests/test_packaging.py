@@ -88,6 +88,10 @@ def test_the_wheel_holds_every_package_and_the_stubs(wheel):
         for init in (ROOT / folder).rglob("__init__.py"):
             relative = init.relative_to(ROOT / folder).as_posix()
             assert f"{package}/{relative}" in names, f"{folder}/{relative} is missing from the wheel"
+    # The page's files, its samples and the HTTP API's document, which the gateway serves from the package.
+    web = ROOT / "clients" / "web"
+    for path in [*(web / "static").rglob("*.*"), web / "openapi.json"]:
+        assert f"attnserve/clients/web/{path.relative_to(web).as_posix()}" in names, f"{path} is missing"
 
 
 def test_the_installed_wheel_serves_from_outside_the_checkout(wheel, tmp_path, tiny_model_repo):

@@ -133,5 +133,5 @@ def test_cuda_without_the_provider_is_a_clear_error(tiny_model_repo):
 
 
 def test_runtime_options_are_validated():
-    with pytest.raises(ValueError, match="device must be one of"):
+    with pytest.raises(ValueError, match="RuntimeOptions.device .tpu. is not one of cpu, cuda"):
         RuntimeOptions(device="tpu")

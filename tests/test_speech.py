@@ -82,7 +82,9 @@ def load_manifest_of_repo():
 def served(tiny_speech_repo):
     """(client, stub, engines): the tiny speech model behind an in-process gRPC server."""
     _REPO["path"] = tiny_speech_repo
-    engines = app.load_engines(app.ServeOptions(models=str(tiny_speech_repo)))
+    # A server that does not cut long recordings: the model's window is the limit (long-form audio, cut
+    # at pauses, is tests/test_longform.py's).
+    engines = app.load_engines(app.ServeOptions(models=str(tiny_speech_repo), long_form_max_minutes=0))
     with app.BackgroundServer(engines) as background, Client(background.address, timeout=WAIT) as client:
         with grpc.insecure_channel(background.address) as channel:
             yield client, pb_grpc.AttnServeStub(channel), engines

@@ -183,6 +183,19 @@ def test_heldout_voices_only_ever_speak_test_heldout_voices():
         plan.check_heldout([bad])
 
 
+def test_eval_sentences_cut_dev_and_test_alike_and_keep_train():
+    from attnserve.export.speech.build import first_eval_sentences
+
+    p = plan.make_plan(_sentences(), plan.PlanOptions(hours=0.1, test_voices=2))
+    cut = first_eval_sentences(p, 4)
+    assert [u for u in cut if u.split == "train"] == [u for u in p if u.split == "train"]
+    by_split = {name: {u.sentence.transcript for u in cut if u.split == name} for name in plan.SPLITS}
+    assert len(by_split["dev"]) == 4 and len(by_split["test_seen"]) == 4
+    assert by_split["test_heldout_voices"] == by_split["test_seen"]  # the same sentences, every held-out voice
+    assert sum(u.split == "test_heldout_voices" for u in cut) == 4 * len(voices.HELDOUT_VOICES)
+    assert first_eval_sentences(p, None) == p
+
+
 def test_splits_never_share_sentences_and_only_train_is_augmented():
     p = plan.make_plan(_sentences(), plan.PlanOptions(hours=0.1))
     by_split = {name: {u.sentence.transcript for u in p if u.split == name} for name in plan.SPLITS}

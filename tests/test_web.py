@@ -98,13 +98,14 @@ def test_audio_gets_words_and_time_columns(demo):
         (f"model={TINY_MODEL_NAME}&to=en", b'{"text": "' + "力量".encode() * 50 + b'"}', "application/json",
          400, "INVALID_ARGUMENT", "accepts at most 48"),
         (f"model={TINY_SPEECH_NAME}", b"not a wav file", "audio/wav", 400, "INVALID_ARGUMENT", "WAV"),
-        (f"model={TINY_SPEECH_NAME}", clip(4.0), "audio/wav", 413, "OUT_OF_RANGE", "s"),
+        (f"model={TINY_SPEECH_NAME}", clip(4.0), "audio/wav", 400, "INVALID_ARGUMENT",
+         "attention is not returned for long-form audio"),
         (f"model={TINY_MODEL_NAME}", clip(0.1), "audio/wav", 400, "INVALID_ARGUMENT", "text"),
         (f"model={TINY_MODEL_NAME}", b"{", "application/json", 400, "INVALID_ARGUMENT", "must be JSON"),
         (f"model={TINY_MODEL_NAME}", b"abc", "text/plain", 400, "INVALID_ARGUMENT", "cannot send text/plain"),
         ("", b'{"text": "abc"}', "application/json", 400, "INVALID_ARGUMENT", "name a model"),
     ],
-    ids=["unknown-model", "empty-text", "too-many-tokens", "not-wav", "too-long-clip", "audio-to-text-model",
+    ids=["unknown-model", "empty-text", "too-many-tokens", "not-wav", "long-clip-with-attention", "audio-to-text-model",
          "bad-json", "bad-type", "no-model"],
 )
 def test_errors_are_json_with_the_servers_message(demo, query, body, content_type, status, code, message):
@@ -127,3 +128,24 @@ def test_columns_name_what_they_stand_for():
     assert columns(["r0c0:0,0,32,32", "r0c1:32,0,64,32"]) == grid
     assert columns(["0.00-0.04", "0.04-0.08"]) == {"kind": "time", "spans": [[0.0, 0.04], [0.04, 0.08]]}
     assert columns(["0.00-0.04", "</s>"]) == columns(["r0c0:0,0,32,32", "cat"]) == {"kind": "text"}
+
+
+def two_hours_of_flac() -> bytes:
+    """A second of FLAC whose header says two hours: refused from the header, before any decoding."""
+    import io
+
+    import soundfile
+
+    out = io.BytesIO()
+    soundfile.write(out, np.zeros(16000), 16000, format="FLAC")
+    data = bytearray(out.getvalue())
+    fields = int.from_bytes(data[18:26], "big")  # STREAMINFO: rate, channels, bits, then 36 bits of samples
+    data[18:26] = ((fields >> 36 << 36) | 2 * 3600 * 16000).to_bytes(8, "big")
+    return bytes(data)
+
+
+def test_a_long_recording_over_the_limit_is_refused_from_its_header(demo):
+    url, _ = demo
+    status, error = call(f"{url}/api/transcribe?model={TINY_SPEECH_NAME}", two_hours_of_flac(), "audio/flac")
+    assert status == 413 and error["error"]["code"] == "OUT_OF_RANGE"
+    assert "audio is 7200.00 s long" in error["error"]["message"] and "(long_form_max_seconds" in error["error"]["message"]

@@ -268,3 +268,32 @@ def test_the_bundled_translator_on_the_page(page, tmp_path):
             page.screenshot(path=str(shot), full_page=True)
     if os.environ.get("ATTNSERVE_DEMO_SCREENSHOT"):
         shutil.copy(shot, os.environ["ATTNSERVE_DEMO_SCREENSHOT"])
+
+
+def test_upload_a_long_recording_and_download_its_subtitles(page, demo, tmp_path):
+    """Tones between pauses, longer than the tiny model's 3-s window: segments appear, then the subtitle links."""
+    url, client = demo
+    rate, parts = 16000, []
+    for i in range(4):  # 1.2 s of chirp, 0.8 s of silence, four times: 8 s, four segments
+        t = np.arange(round(1.2 * rate)) / rate
+        parts += [0.3 * np.sin(2 * np.pi * (300 + 200 * i + 600 * t) * t), np.zeros(round(0.8 * rate))]
+    (tmp_path / "long.wav").write_bytes(wav_bytes(np.concatenate(parts), rate, "pcm16"))
+    open_page(page, url, TINY_SPEECH_NAME)
+    page.set_input_files("#long-file", str(tmp_path / "long.wav"))
+    page.wait_for_selector("body[data-transcribed=true]")
+    expected = client.generate(audio_request((tmp_path / "long.wav").read_bytes(), model=TINY_SPEECH_NAME))
+    assert len(expected.segments) == 4
+    items = page.locator("#segments li").all_inner_texts()
+    assert [item.split("  ", 1)[1] if "  " in item else "" for item in items] == [s.text for s in expected.segments]
+    assert page.is_visible("#download-srt") and page.is_visible("#download-vtt")
+    assert page.get_attribute("#download-srt", "download") == "long.srt"
+    with page.expect_download() as download:
+        page.click("#download-vtt")
+    assert pathlib.Path(download.value.path()).read_text().startswith("WEBVTT")
+    page.screenshot(path=str(tmp_path / "long.png"), full_page=True)
+    # The same file through the ordinary upload (or a long recording from the microphone) goes the same way.
+    page.reload()
+    open_page(page, url, TINY_SPEECH_NAME)
+    page.set_input_files("#audio-file", str(tmp_path / "long.wav"))
+    page.wait_for_selector("body[data-transcribed=true]")
+    assert page.locator("#segments li").count() == 4 and page.is_hidden("#result")

@@ -1,9 +1,10 @@
 """Builds attnserve-client, the client distribution (its metadata is in pyproject.toml).
 
 The wheel holds what `attnserve.clients` imports and nothing of the serving core: every module of clients/
-(not clients/web/, the browser demo's gateway, which needs aiohttp and stays with the server), the two
-modules of server/ that both ends share (the request/result dataclasses and their protobuf conversion),
-and the `attnserve.v1` stubs, generated here from the .proto as the server's build does.
+(not clients/web/, the browser demo's gateway, which needs aiohttp and stays with the server), the
+modules of server/ that both ends share (the request/result dataclasses, their protobuf conversion, the
+choice of a target language), and the `attnserve.v1` stubs, generated here from the .proto as the
+server's build does.
 
 The files are the checkout's own, copied at build time, so the client cannot drift from the server. They
 install to the same paths as in the server's wheel: with both distributions installed (same version), the
@@ -25,10 +26,14 @@ _HERE = pathlib.Path(__file__).resolve().parent
 _SOURCES = _HERE / "sources" if (_HERE / "sources").is_dir() else _HERE.parents[1]
 
 
+# The modules of server/ both ends share: the dataclasses, their protobuf conversion, the language choice.
+_SHARED = ("__init__.py", "generation.py", "convert.py", "language_detection.py")
+
+
 def _modules() -> dict[str, str]:
     """Path in the wheel -> path in the checkout, for every file the wheel holds but the generated stubs."""
     clients = {f"attnserve/clients/{p.name}": f"clients/{p.name}" for p in sorted((_SOURCES / "clients").glob("*.py"))}
-    shared = {f"attnserve/server/{name}": f"server/{name}" for name in ("__init__.py", "generation.py", "convert.py")}
+    shared = {f"attnserve/server/{name}": f"server/{name}" for name in _SHARED}
     api = {f"attnserve/v1/{name}": f"protos/attnserve/v1/{name}" for name in ("__init__.py", "attnserve.proto")}
     return clients | shared | api
 

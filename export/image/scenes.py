@@ -125,7 +125,7 @@ class SceneSampler:
 
     def sample(self, rng: np.random.Generator, scene_id: str) -> Scene:
         kind = rng.choice(["pair", "group"]) if self.compositional else rng.choice(KINDS, p=KIND_WEIGHTS)
-        background = _background(rng)
+        background = sample_background(rng)
         for _ in range(1000):
             scene = self._try(rng, str(kind), scene_id, background)
             if scene is not None:
@@ -201,7 +201,8 @@ def _overlap(objects: list[Placed]) -> bool:
     return False
 
 
-def _background(rng: np.random.Generator) -> dict:
+def sample_background(rng: np.random.Generator) -> dict:
+    """A solid or gradient background, with or without pixel noise (export/video draws its clips on them too)."""
     kind = str(rng.choice(["solid", "gradient"]))
     colors = rng.integers(0, 256, (2 if kind == "gradient" else 1, 3)).tolist()
     noise = float(rng.uniform(4, 30)) if rng.random() < 0.5 else 0.0

@@ -41,6 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dev-voices", type=int, default=PlanOptions.dev_voices)
     parser.add_argument("--test-voices", type=int, default=PlanOptions.test_voices)
     parser.add_argument("--jobs", type=int, default=MAX_JOBS, help=f"synthesis processes (1-{MAX_JOBS})")
+    parser.add_argument("--eval-sentences", type=int,
+                        help="only the first N dev and N test sentences (a quick build; the same N gives the same clips)")
     parser.add_argument("--plan-only", action="store_true", help="print the plan's size and stop")
     args = parser.parse_args(argv)
     if not 1 <= args.jobs <= MAX_JOBS:
@@ -62,6 +64,20 @@ def read_corpus(corpus: Path) -> list[tuple[str, str, str]]:
             raise RuntimeError(f"{tsv} and {src} are not line-aligned")
         rows += [(e, s, split) for e, s in zip(en, sources)]
     return rows
+
+
+def first_eval_sentences(plan: list[Utterance], n: int | None) -> list[Utterance]:
+    """The plan with its dev and test utterances cut to the first `n` sentences of each corpus split (in plan
+    order; test_seen and test_heldout_voices read the same test sentences, so both keep the same ones)."""
+    if n is None:
+        return plan
+    kept: dict[str, list[str]] = {"dev": [], "test": []}
+    for u in plan:
+        chosen = kept.get(u.sentence.split) if u.split != "train" else None
+        if chosen is not None and len(chosen) < n and u.sentence.transcript not in chosen:
+            chosen.append(u.sentence.transcript)
+    keep = {split: set(transcripts) for split, transcripts in kept.items()}
+    return [u for u in plan if u.split == "train" or u.sentence.transcript in keep[u.sentence.split]]
 
 
 def missing_tools(plan: list[Utterance]) -> list[str]:
@@ -182,7 +198,7 @@ def main(argv=None) -> int:
                           dev_voices=args.dev_voices, test_voices=args.test_voices)
 
     # Plan: voice, settings and perturbation of every utterance.
-    plan = make_plan(sentences, options)
+    plan = first_eval_sentences(make_plan(sentences, options), args.eval_sentences)
     planned = Counter(u.split for u in plan)
     print(f"[speech] {len(sentences)} sentences; plan: {dict(planned)}; estimated train hours "
           f"{sum(u.estimated_seconds() for u in plan if u.split == 'train') / 3600:.2f}", file=sys.stderr)

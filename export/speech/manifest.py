@@ -25,12 +25,15 @@ from typing import Iterable
 
 from .text import ALPHABET
 
-WORD_TIME_SOURCES = ("espeak_events", "flite_segments", "festival_word_end", "piper_alignment")
+# "none": recorded speech (export/speech/real.py) comes without word times; its `words` is empty.
+WORD_TIME_SOURCES = ("espeak_events", "flite_segments", "festival_word_end", "piper_alignment", "none")
 FIELDS = {
     "id": str, "path": str, "text": str, "spoken": str, "source": str, "split": str, "engine": str,
     "voice": str, "voice_settings": dict, "augmentation": dict, "duration": float, "sample_rate": int,
     "words": list, "word_times": str, "inexact_words": int,
 }
+# Recorded speech only: who speaks (as the source names them) and the source's licence.
+OPTIONAL_FIELDS = {"character": str, "licence": str}
 _TOLERANCE = 1e-3  # seconds: rounding of stored times
 
 
@@ -46,13 +49,20 @@ def validate(row: dict) -> None:
         value = row[name]
         if not (isinstance(value, kind) or (kind is float and isinstance(value, int))):
             raise ValueError(f"{row['id']}: {name} is {type(value).__name__}, expected {kind.__name__}")
-    if set(row) - set(FIELDS):
-        raise ValueError(f"{row['id']}: unknown fields {sorted(set(row) - set(FIELDS))}")
+    if set(row) - set(FIELDS) - set(OPTIONAL_FIELDS):
+        raise ValueError(f"{row['id']}: unknown fields {sorted(set(row) - set(FIELDS) - set(OPTIONAL_FIELDS))}")
+    for name, kind in OPTIONAL_FIELDS.items():
+        if name in row and not isinstance(row[name], kind):
+            raise ValueError(f"{row['id']}: {name} is {type(row[name]).__name__}, expected {kind.__name__}")
     if not row["text"] or set(row["text"]) - set(ALPHABET) or row["text"] != " ".join(row["text"].split()):
         raise ValueError(f"{row['id']}: text {row['text']!r} is not normalised")
     if row["word_times"] not in WORD_TIME_SOURCES:
         raise ValueError(f"{row['id']}: unknown word_times {row['word_times']!r}")
     words = row["words"]
+    if row["word_times"] == "none":
+        if words:
+            raise ValueError(f"{row['id']}: word_times 'none' with words")
+        return
     if [w[0] for w in words] != row["text"].split():
         raise ValueError(f"{row['id']}: words do not spell the text")
     previous_end = 0.0

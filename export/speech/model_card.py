@@ -235,15 +235,13 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
         "server/timestamps.py) against the synthesizer's own word times, for every served word that matches a",
         "reference word.",
         "",
-        "## Examples",
-        "",
-        *example_lines(scores),
-        "",
-        "## Files",
-        "",
-        *size_table(model_dir),
-        "",
+        *closing_lines(scores, model_dir),
     ])
+
+
+def closing_lines(scores: dict, model_dir: pathlib.Path) -> list[str]:
+    """The card's last sections: examples with their word times, then the files and their sizes."""
+    return ["## Examples", "", *example_lines(scores), "", "## Files", "", *size_table(model_dir), ""]
 
 
 def main() -> None:

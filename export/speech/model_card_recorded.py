@@ -1,0 +1,139 @@
+"""The speech model's card for a version fine-tuned on recorded speech (export/speech/real.py, mix.py).
+
+    python -m attnserve.export.speech.model_card_recorded --checkpoint RUN/best.pt --start-weights V6.pt \\
+        --scores /work/data/speech-eval/scores.json --real-stats /work/data/real-speech/stats.json \\
+        --mix-stats /work/data/speech-mix/stats.json --model-dir models/speech-en/7 --before models/speech-en/6
+
+`--scores` is `evaluate_real`'s output with both versions and PocketSphinx on the same clips: the card shows
+the new version's scores per split and voice, the before -> after table beside PocketSphinx, and examples
+with every word's served time span. Training figures come from the checkpoint, minus those of the weights it
+started from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import torch
+
+from attnserve.export.speech.model import ListenAttendSpellConfig
+from attnserve.export.speech.model_card import closing_lines, ctc_lines, default_search_lines, listener_lines, score_lines
+
+SPHINX = "pocketsphinx"
+
+
+def comparison_lines(scores: dict, before: str, after: str) -> list[str]:
+    lines = [f"| split | clips | hours | {before} CER / WER | {after} CER / WER | PocketSphinx 5 CER / WER |",
+             "|---|---|---|---|---|---|"]
+    for split, entry in scores["splits"].items():
+        cells = [f"{entry[k]['cer']:.1%} / {entry[k]['wer']:.1%}" if k in entry else "-" for k in (before, after, SPHINX)]
+        first = entry[after]
+        lines.append(f"| {split} | {first['clips']} | {first['hours']:.2f} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def verdict_line(scores: dict, before: str, after: str) -> str:
+    """Where the new version's WER is lower or higher than the earlier one's, split by split."""
+    better = [s for s, e in scores["splits"].items() if e[after]["wer"] < e[before]["wer"]]
+    worse = [s for s, e in scores["splits"].items() if e[after]["wer"] > e[before]["wer"]]
+    return (f"Against {before} (WER, the table below): lower on {', '.join(better) or 'nothing'}; higher on"
+            f" {', '.join(worse) or 'nothing'}. {before} stays loadable beside it.")
+
+
+def recorded_data_lines(real: dict, mix: dict) -> list[str]:
+    lines = ["| source | split | hours |", "|---|---|---|"]
+    lines += [f"| {key.split('/')[0]} | {key.split('/')[1]} | {hours:.2f} |" for key, hours in real["hours"].items()]
+    copies = ", ".join(f"{kind} {hours:.2f} h" for kind, hours in mix["train_hours"].items())
+    return [*lines, "", f"Training copies through random recording channels (docs/speech-corpus.md): {copies}"
+                        f" ({mix['train_clips']:,} clips; {mix['real_copies']} per recorded clip,"
+                        f" {mix['tts_copies']} per synthesized clip)."]
+
+
+def render(checkpoint: dict, start: dict, scores: dict, real: dict, mix: dict, model_dir: pathlib.Path,
+           before: str) -> str:
+    cfg, state = ListenAttendSpellConfig(**checkpoint["config"]), checkpoint["state"]
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    after = next(k for k in next(iter(scores["splits"].values())) if k not in (before, SPHINX))
+    minutes = (state["seconds"] - start["state"]["seconds"]) / 60
+    hours = (state["audio_seconds"] - start["state"]["audio_seconds"]) / 3600
+    steps = state["step"] - start["state"]["step"]
+    history = [h for h in state["history"] if h["step"] > start["state"]["step"]]
+    best = min(history, key=lambda h: h["cer"])
+    params = sum(v.numel() for v in checkpoint["model"].values())
+    served = {split: {"beam_size": e[after]["beam_size"], **e[after]} for split, e in scores["splits"].items()}
+    own = {"beam_size": next(iter(served.values()))["beam_size"], "splits": served}
+    return "\n".join([
+        f"# {manifest['name']} (version {manifest['version']})",
+        "",
+        "An English speech recognizer, listen, attend and spell (Chan et al. 2015), writing lower-case characters,",
+        "exported to ONNX with the step's attention as output (docs/model-contract.md), from which the server times",
+        f"every word in {10 * cfg.time_reduction} ms spans. Version {manifest['version']} is {before}'s weights trained",
+        f"further for {minutes:.0f} minutes on one shared CPU core, on recorded human speech (three Amazon Queen",
+        "characters held out) and synthesized speech, every clip through a random recording channel (room, band,",
+        "codec, noise, level, speed) and SpecAugment. It is still far from usable on arbitrary microphones: see",
+        "the scores.",
+        "",
+        verdict_line(scores, before, after),
+        "",
+        "## Model",
+        listener_lines(cfg),
+        f"  Speller: one LSTM cell of {cfg.speller_hidden} units with location-aware attention; {cfg.vocab_size}"
+        f" output ids; a CTC head on the {cfg.ctc_reduction}x layer; {params / 1e6:.2f}M parameters.",
+        f"- Limits: {manifest['input']['max_seconds']:g} s of audio, {manifest['limits']['max_new_tokens']} characters.",
+        *ctc_lines(manifest["encoder"].get("ctc", {}).get("weight", 0.0)),
+        *default_search_lines(manifest),
+        "",
+        "## Training",
+        f"- From {before} (step {start['state']['step']:,}): {steps:,} steps, {hours:.1f} h of audio seen in"
+        f" {minutes:.0f} minutes of compute ({hours * 3600 / max(minutes * 60, 1):.0f} audio-s/s, one thread on 2"
+        " CPU cores shared with other jobs). Joint CTC-attention loss, Adam (fresh), inverse-square-root decay.",
+        f"- Selected on dev (recorded, held-out Amazon Queen characters; greedy): best CER {best['cer']:.1%}"
+        f" (WER {best['wer']:.1%}) at step {best['step']:,}; dev history: "
+        + ", ".join(f"{h['step']:,}: {h['cer']:.1%}" for h in history) + ".",
+        "",
+        "## Data",
+        "",
+        "Recorded speech (`python -m attnserve.export.speech.real`); `test_real_heldout` (Drascula, Asterisk) never",
+        "trains or selects the model:",
+        "",
+        *recorded_data_lines(real, mix),
+        "",
+        "## Before -> after, beside PocketSphinx 5 (served default search; PocketSphinx's en-us model, same clips)",
+        "",
+        "Clips: a subset spread evenly over each split (`<split>.every<k>`: every k-th clip; `evaluate_real --clips`),"
+        " the same clips for each column.",
+        "",
+        *comparison_lines(scores, before, after),
+        "",
+        f"## Scores of version {manifest['version']}",
+        "",
+        *score_lines(own),
+        "",
+        "Word timing is measured where the synthesizer gave word times; the recorded sources give none.",
+        "",
+        *closing_lines(own, model_dir),
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag, what in (("--checkpoint", "the exported checkpoint"), ("--start-weights", "the weights it started from"),
+                       ("--scores", "evaluate_real's output"), ("--real-stats", "real.py's stats.json"),
+                       ("--mix-stats", "mix.py's stats.json"), ("--model-dir", "the exported version folder")):
+        parser.add_argument(flag, type=pathlib.Path, required=True, help=what)
+    parser.add_argument("--before", required=True, help="the earlier version's key in --scores")
+    parser.add_argument("--out", type=pathlib.Path, help="default: README.md beside the version folders")
+    args = parser.parse_args()
+    load = lambda p: torch.load(p, map_location="cpu", weights_only=False)  # noqa: E731
+    card = render(load(args.checkpoint), load(args.start_weights), json.loads(args.scores.read_text()),
+                  json.loads(args.real_stats.read_text()), json.loads(args.mix_stats.read_text()), args.model_dir,
+                  args.before)
+    out = args.out or args.model_dir.parent / "README.md"
+    out.write_text(card)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

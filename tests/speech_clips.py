@@ -1,0 +1,52 @@
+"""Spoken test clips made here: espeak-ng reads a sentence, resampled to 16 kHz (tests skip without it)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from attnserve.server.audio import read_wav, resample
+
+RATE = 16000
+
+
+def espeak(text: str, voice: str = "en-us", speed: int = 165) -> np.ndarray:
+    """(N,) float32 samples at 16 kHz of espeak-ng reading `text`, its leading and trailing silence trimmed."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
+    wav = subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "--stdout", text], check=True,
+                         capture_output=True).stdout
+    parsed = read_wav(_fixed_sizes(wav))
+    x = resample(parsed.samples(), parsed.sample_rate_hz, RATE)
+    loud = np.flatnonzero(np.abs(x) > 0.01)
+    return x[loud[0] : loud[-1] + 1] if len(loud) else x
+
+
+def _fixed_sizes(wav: bytes) -> bytes:
+    """espeak-ng writes a stream's WAV header (sizes 0x7fffffff); the sizes that the bytes have."""
+    data = bytearray(wav)
+    data[4:8] = (len(data) - 8).to_bytes(4, "little")
+    data[40:44] = (len(data) - 44).to_bytes(4, "little")
+    return bytes(data)
+
+
+def recording(clips: list[np.ndarray], pauses: list[float], noise: float = 0.0, seed: int = 0):
+    """Clips joined by pauses (seconds: before the first clip, between clips, after the last: len(clips) + 1).
+
+    Returns:
+        (N,) float32 samples and each clip's (start, end) in seconds.
+    """
+    rng = np.random.default_rng(seed)
+    parts, spans, t = [], [], 0
+    for i, pause in enumerate(pauses):
+        parts.append(np.zeros(round(pause * RATE), dtype=np.float32))
+        t += len(parts[-1])
+        if i < len(clips):
+            parts.append(clips[i].astype(np.float32))
+            spans.append((t / RATE, (t + len(clips[i])) / RATE))
+            t += len(clips[i])
+    x = np.concatenate(parts)
+    return (x + noise * rng.standard_normal(len(x)).astype(np.float32)), spans
