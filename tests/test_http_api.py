@@ -149,11 +149,11 @@ def test_a_stream_ends_with_the_unary_answer(demo, accept):
         ("/v1/generate", b"{", 400, "INVALID_ARGUMENT", "not a valid GenerateRequest"),
         ("/v1/generate", {"model": TINY_MODEL_NAME, "text": {"text": TEXT}, "beam": 2}, 400, "INVALID_ARGUMENT",
          "beam"),
-        ("/v1/generate", {"model": "nope", "text": {"text": TEXT}}, 400, "INVALID_ARGUMENT", "unknown model 'nope'"),
+        ("/v1/generate", {"model": "nope", "text": {"text": TEXT}}, 404, "NOT_FOUND", "unknown model 'nope'"),
         ("/v1/generate", {"model": TINY_MODEL_NAME, "text": {"text": TEXT}, "decoding": {"beamSize": 99}}, 400,
          "INVALID_ARGUMENT", "beam_size 99"),
         ("/v1/generate/stream", {"model": TINY_MODEL_NAME, "text": {"text": ""}}, 400, "INVALID_ARGUMENT", "empty"),
-        ("/v1/models/nope", None, 400, "INVALID_ARGUMENT", "nope"),
+        ("/v1/models/nope", None, 404, "NOT_FOUND", "nope"),
     ],
     ids=["bad-json", "unknown-field", "unknown-model", "beam-too-large", "stream-empty-text", "get-unknown"],
 )

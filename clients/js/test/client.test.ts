@@ -52,8 +52,8 @@ test("audio goes as base64", { skip }, async () => {
 test("a refused request throws the server's status and message", { skip }, async () => {
   await assert.rejects(client.translate("abc", { model: "nope" }), (error: unknown) => {
     assert.ok(error instanceof AttnServeError);
-    assert.equal(error.code, "INVALID_ARGUMENT");
-    assert.equal(error.status, 400);
+    assert.equal(error.code, "NOT_FOUND");
+    assert.equal(error.status, 404);
     assert.match(error.message, /unknown model 'nope'/);
     return true;
   });
