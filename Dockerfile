@@ -43,6 +43,7 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/opt/attnserve/bin/python", "/usr/local/bin/attnserve-healthcheck", "localhost:50051"]
 # Exec form: attnserve is PID 1 and gets SIGTERM itself: health NOT_SERVING, 10 s to drain, exit 0.
 ENTRYPOINT ["attnserve"]
-# Metrics listen on all of the container's interfaces (the server's default is loopback, which Prometheus
-# cannot reach from outside the container); they leave the host only where port 9464 is published.
-CMD ["serve", "--models", "/models", "--port", "50051", "--metrics-port", "9464", "--metrics-host", "0.0.0.0"]
+# gRPC and metrics listen on all of the container's interfaces (the server's default for both is loopback,
+# which nothing outside the container reaches); they leave the host only where 50051 and 9464 are published.
+CMD ["serve", "--models", "/models", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9464", \
+     "--metrics-host", "0.0.0.0"]

@@ -11,6 +11,7 @@ UNAVAILABLE, in-flight requests finish within the grace period; then gRPC stops 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -21,7 +22,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from attnserve.server import errors, lifecycle, limits, logging_setup, memory, metrics, readiness, security, service
+from attnserve.server import (
+    errors, intake, lifecycle, limits, logging_setup, memory, metrics, readiness, security, service,
+)
 from attnserve.server import startup_log
 from attnserve.server.serve_options import ServeOptions  # noqa: F401  (re-exported: app.ServeOptions)
 from attnserve.v1 import attnserve_pb2 as pb
@@ -32,6 +35,10 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AttnServe"].full_name  # "attnserve.v1.AttnServe"
 _HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
+
+# How long closing the engines may take once the drain is over. The manifests' terminationGracePeriodSeconds
+# is the preStop pause + --grace-seconds + this (tests/test_deploy_k8s.py checks it).
+CLOSE_SECONDS = 5.0
 
 _GENERATION_METHODS = frozenset(f"/{SERVICE_NAME}/{name}" for name in ("Generate", "GenerateStream"))
 _SERVING, _NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
@@ -48,6 +55,7 @@ class Server:
         port: int,
         drain: lifecycle.Drain,
         limits_: limits.MessageLimits,
+        servicer: service.AttnServeServicer | None = None,
     ):
         self.grpc_server = server
         self.health = health
@@ -55,6 +63,8 @@ class Server:
         self.port = port  # the bound port (useful when asked for port 0)
         self.drain_state = drain
         self.limits = limits_
+        self.intakes: Mapping[str, intake.Intake] = servicer.intakes if servicer else {}  # each model's
+        self.costs = servicer.costs if servicer else {}  # each model's cost model (server/cost.py)
 
     async def drain(self, grace: float | None) -> lifecycle.DrainOutcome:
         """Health NOT_SERVING, new generation calls UNAVAILABLE; waits up to `grace` s for in-flight ones."""
@@ -62,10 +72,18 @@ class Server:
         return await self.drain_state.drain(grace)
 
     async def close(self) -> None:
-        """Stops gRPC at once (cancelling what is left), then closes the engines."""
+        """Stops gRPC at once (cancelling what is left), then closes the engines, all at once, within
+        CLOSE_SECONDS (engine processes still running then are killed)."""
         await self.grpc_server.stop(0)
-        # Closing joins worker threads, which may be finishing a batch: keep the loop free meanwhile.
-        await asyncio.to_thread(_close, self.engines)
+        for pool in self.intakes.values():
+            pool.close()
+        await _close_within(self.engines, CLOSE_SECONDS)
+
+    def force_close(self) -> None:
+        """Kills the engine processes (--engine-process) that are still closing; a second signal's doing."""
+        for model_engine in self.engines.values():
+            if hasattr(model_engine, "kill"):
+                model_engine.kill()
 
     async def stop(self, grace: float | None) -> None:
         """Drains for up to `grace` seconds, then closes."""
@@ -80,21 +98,27 @@ async def start(
     *,
     broken: Mapping[str, str] | None = None,
     tls: security.TlsFiles | None = None,
-    tokens: frozenset[str] | None = None,
+    tokens: frozenset[str] | security.TokenFile | None = None,
     max_inflight_bytes: int | None = None,
+    intake_options: intake.IntakeOptions = intake.IntakeOptions(),
+    deadline_admission: bool = True,
 ) -> Server:
-    """Starts serving `engines` (model name -> engine) on `address`, e.g. "[::]:50051" or "127.0.0.1:0".
+    """Starts serving `engines` (model name -> engine) on `address`, e.g. "127.0.0.1:50051", "[::]:50051" or "127.0.0.1:0".
 
     Args:
-        broken: models that failed to load (name -> reason): NOT_SERVING, and calls naming them UNAVAILABLE.
+        broken: models that failed to load (name -> reason): NOT_SERVING, and calls naming them FAILED_PRECONDITION.
         tls: serve TLS only, with these files; None = plaintext.
-        tokens: accepted bearer tokens; None = no authentication.
+        tokens: accepted bearer tokens, or the file they are read from (re-read when it changes); None = no
+            authentication.
         max_inflight_bytes: bytes of generation requests handled at once; None = 8 of the largest.
+        intake_options: each model's preprocessing pool, queue bound and decoded-bytes budget.
+        deadline_admission: refuse at once what cannot finish before its deadline (server/cost.py).
 
     Raises:
         OSError: the address cannot be bound (in use, or not an address of this machine).
         ValueError: a TLS file cannot be read, or the in-flight budget cannot hold one request.
     """
+    memory.fix_mmap_threshold()  # request-sized buffers go back to the system when freed (server/memory.py)
     message_limits = _message_limits(engines)
     inflight = max_inflight_bytes or 8 * message_limits.receive_bytes
     if inflight < message_limits.receive_bytes:
@@ -106,7 +130,7 @@ async def start(
     # The token check comes first, so that an unauthenticated call is refused before anything is parsed.
     interceptors = [security.TokenInterceptor(tokens, _GENERATION_METHODS)] if tokens else []
     server = grpc.aio.server(
-        interceptors=[*interceptors, errors.ErrorInterceptor(admission)],
+        interceptors=[*interceptors, errors.ErrorInterceptor(admission, _GENERATION_METHODS, engines)],
         options=[
             ("grpc.max_send_message_length", message_limits.send_bytes),
             # Refused by gRPC before any of it reaches Python; per-model limits are checked before parsing.
@@ -121,8 +145,10 @@ async def start(
         ],
     )
     drain = lifecycle.Drain()
-    pb_grpc.add_AttnServeServicer_to_server(service.AttnServeServicer(engines, drain, broken), server)
+    servicer = service.AttnServeServicer(engines, drain, broken, intake_options, deadline_admission)
+    pb_grpc.add_AttnServeServicer_to_server(servicer, server)
     metrics.describe_models(engines.values())
+    metrics.track_intakes(servicer.intakes)
     health_servicer = readiness.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, _HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server)
@@ -136,7 +162,9 @@ async def start(
         else:
             port = server.add_insecure_port(address)
     except RuntimeError as exc:  # grpc raises a bare "Failed to bind" without the address
-        raise OSError(f"cannot listen on {address}: {exc}") from exc
+        # With TLS, a key that does not belong to the certificate fails here too, in the same words.
+        hint = "; or --tls-key is not the key of --tls-cert" if tls else ""
+        raise OSError(f"cannot listen on {address}: {exc} (in use, or not an address of this machine{hint})") from exc
     await server.start()
     # The engines were loaded (and warmed up, by `serve`) before the server was built: ready once it listens.
     for name in ("", SERVICE_NAME, *engines):
@@ -148,7 +176,7 @@ async def start(
         logger.error("model %r is not served: %s", name, reason)
     scheme = "TLS" if tls else "plaintext"
     logger.info("serving %s on %s (port %d, %s)", ", ".join(sorted(engines)) or "no models", address, port, scheme)
-    return Server(server, health_servicer, engines, port, drain, message_limits)
+    return Server(server, health_servicer, engines, port, drain, message_limits, servicer)
 
 
 def _message_limits(engines: Mapping[str, service.Engine]) -> limits.MessageLimits:
@@ -179,7 +207,7 @@ def _engine_ended(loop: asyncio.AbstractEventLoop, health: readiness.HealthServi
 async def serve_until_signal(server: Server, grace: float | None) -> None:
     """Waits for SIGTERM or SIGINT, then drains and stops `server`; a second signal stops it at once."""
     await lifecycle.serve_until_signal(
-        lambda: server.drain(grace), server.close, lambda: server.drain_state.active, grace
+        lambda: server.drain(grace), server.close, lambda: server.drain_state.active, grace, server.force_close
     )
 
 
@@ -188,7 +216,7 @@ async def serve(options: ServeOptions) -> None:
     # Loading builds ONNX Runtime sessions (seconds): off the loop, though nothing else runs yet.
     engines, broken = await asyncio.to_thread(load_models, options)
     try:
-        tokens = security.read_tokens(options.auth_token_file) if options.auth_token_file else None
+        tokens = security.TokenFile(options.auth_token_file) if options.auth_token_file else None
         tls = security.TlsFiles(options.tls_cert, options.tls_key, options.tls_client_ca) if options.tls_cert else None
         if options.metrics_port is not None:
             metrics.serve_http(options.metrics_port, options.metrics_host)
@@ -199,7 +227,11 @@ async def serve(options: ServeOptions) -> None:
             tls=tls,
             tokens=tokens,
             max_inflight_bytes=int(options.max_inflight_request_mb * 2**20),
+            intake_options=intake.IntakeOptions(options.preprocess_threads, options.max_preprocess_queue,
+                                                int(options.max_decoded_mb * 2**20)),
+            deadline_admission=options.deadline_admission,
         )
+        metrics.describe_build(options.batching, options.engine_process)
     except BaseException:
         _close(engines)
         raise
@@ -313,6 +345,30 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         raise ValueError(f"{options.models}: no model could be loaded: {reasons}")
     memory.release_free_heap()  # what building the sessions parsed and freed
     return engines, broken or {}
+
+
+async def _close_within(engines: Mapping[str, service.Engine], seconds: float) -> None:
+    """Closes every engine at once, each on a daemon thread of its own (a worker finishing its batch must
+    not hold up the loop, the other engines, or the interpreter's exit), waiting at most about `seconds`."""
+    loop = asyncio.get_running_loop()
+    closed = [loop.create_future() for _ in engines]
+
+    def close_one(name: str, model_engine: service.Engine, done: asyncio.Future) -> None:
+        try:
+            # Engines in processes take a timeout and kill their child past it; in-process ones join a thread.
+            model_engine.close(seconds)
+        except Exception:
+            logger.exception("closing model %r failed", name)
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+    for (name, model_engine), done in zip(engines.items(), closed):
+        threading.Thread(target=close_one, args=(name, model_engine, done), name=f"close-{name}", daemon=True).start()
+    if closed:
+        _, pending = await asyncio.wait(closed, timeout=seconds + 1)
+        if pending:
+            logger.warning("%d models did not close in %s s; exiting without them", len(pending), seconds)
 
 
 def _close(engines: Mapping[str, service.Engine]) -> None:

@@ -127,9 +127,11 @@ class ContinuousLoop:
                 return False
             self._admit(items or [], scheduler, batcher)
             scheduler.balance_lengths()
-            # One decoder step per lane; each request is answered in the step it finishes.
-            for lane in scheduler.lanes():
+            # One decoder step per lane whose turn it is; each request is answered in the step it finishes.
+            for lane in scheduler.turn():
+                started = time.perf_counter()
                 self._step(lane, batcher)
+                scheduler.stepped(lane, time.perf_counter() - started)
         except Exception as exc:  # a broken invariant: fail what runs, keep serving the queue
             log.exception("continuous batching on %s failed", batcher.name)
             for lane in scheduler.lanes():

@@ -175,6 +175,12 @@ class ModelEngine:
         finally:
             self.cancel(future)  # a no-op unless the wait timed out
 
+    @property
+    def max_rows(self) -> int | None:
+        """Continuous batching's bound on rows decoding at once (--max-rows); None for windowed batches."""
+        continuous = self._batcher.options.continuous
+        return None if continuous is None else continuous.max_rows
+
     def queued(self) -> int:
         """Requests waiting for a batch."""
         return self._batcher.queued()

@@ -80,6 +80,7 @@ class ProcessEngine:
         self._conn = multiprocessing.connection.Connection(parent_end.detach())
         self._conn.send((str(repository), name, runtime_options, batching_options, log_options))
         self.info, self.providers = self._wait_ready(name)
+        self.max_rows = batching_options.continuous.max_rows if batching_options.continuous else None
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
@@ -151,7 +152,8 @@ class ProcessEngine:
         self._send(("cancel", request_id))
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Stops the child: queued requests fail with UnavailableError, the running batch finishes."""
+        """Stops the child: queued requests fail with UnavailableError, running ones are cancelled (they end
+        after their current step); past `timeout` s the child is killed."""
         with self._lock:
             if self._close_requested:
                 return
@@ -162,6 +164,12 @@ class ProcessEngine:
             self._process.kill()
             self._process.wait()
         self._reader.join(timeout)
+
+    def kill(self) -> None:
+        """Ends the child at once (what was pending fails as UnavailableError)."""
+        with self._lock:
+            self._close_requested = self._closed = True
+        self._process.kill()
 
     def _send(self, message: tuple) -> None:
         try:
@@ -333,6 +341,10 @@ def _child_main(conn, repository: str, name: str, runtime_options: RuntimeOption
             except (EOFError, OSError):
                 break
             if message[0] == "close":
+                # What still runs is cut off (the parent drained first): cancelled, its rows end at the next
+                # step, so that closing takes a step, not the rest of the running batch.
+                for future in list(futures.values()):
+                    engine.cancel(future)
                 break
             if message[0] == "cancel":
                 future = futures.get(message[1])

@@ -407,7 +407,30 @@ class InputTooLargeError(ValueError):
 
 
 class OverloadedError(Exception):
-    """The model's queue is full; the client may retry later."""
+    """The server shed the request for load (a full queue, a budget, a deadline it cannot meet); the client
+    may retry later.
+
+    Args:
+        reason: the limit, as the metrics label it (attnserve_rejected_requests_total's `reason`).
+        retry_after: seconds after which a retry may fit, when the server can tell; None = unknown.
+    """
+
+    def __init__(self, message: str, reason: str = "queue_full", retry_after: float | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after = retry_after
+
+    def __reduce__(self):  # keeps reason and retry_after across --engine-process's pipe
+        return type(self), (str(self), self.reason, self.retry_after)
+
+
+class ModelNotFoundError(Exception):
+    """The request names a model the server does not have (NOT_FOUND)."""
+
+
+class ModelNotServedError(Exception):
+    """The request names a model the server has but could not load (FAILED_PRECONDITION: retrying the same
+    server will not help; its log says why)."""
 
 
 class UnavailableError(Exception):

@@ -3,7 +3,10 @@
 On the first SIGTERM or SIGINT the server keeps listening while it drains, so that health checks (on
 existing and new connections) answer NOT_SERVING and new generation calls get UNAVAILABLE instead of a
 refused connection; the requests already accepted may finish within the grace period. Then gRPC stops
-(cutting off what is left) and the engines close. A second signal during the drain cuts it short. Both
+(cutting off what is left) and the engines close, all at once and within a bound (server/app.py's
+CLOSE_SECONDS: engine processes still running then are killed), so that the whole stop fits the preStop
+pause + --grace-seconds + CLOSE_SECONDS that the manifests' terminationGracePeriodSeconds is. A second signal
+cuts the drain short, or, during the close, stops waiting for it (engine processes are killed). Both
 ends log what was finished and what was cut off, and the process exits 0: the signal handlers stay
 installed until everything is closed, so no signal falls through to the default handler, whose
 KeyboardInterrupt would leave gRPC's threads running into interpreter exit (SIGABRT).
@@ -79,14 +82,17 @@ async def serve_until_signal(
     close: Callable[[], Awaitable[None]],
     in_flight: Callable[[], int],
     grace: float | None,
+    force: Callable[[], None] = lambda: None,
 ) -> None:
-    """Waits for SIGTERM or SIGINT, drains, then closes; a second signal cuts the drain short.
+    """Waits for SIGTERM or SIGINT, drains, then closes; a second signal cuts the drain, or the close, short.
 
     Args:
         drain: starts the drain (health NOT_SERVING, new calls refused) and returns when it is over.
         close: stops gRPC (cutting off what is left) and closes the engines.
         in_flight: how many generation requests are in progress now.
         grace: the drain's limit, for the log line.
+        force: ends what the close is still waiting for (kills engine processes), on a second signal
+            during the close.
     """
     loop = asyncio.get_running_loop()
     first, second = asyncio.Event(), asyncio.Event()
@@ -115,7 +121,16 @@ async def serve_until_signal(
         else:
             draining.cancel()
             logger.warning("stopped before the drain ended: %d in-flight requests cut off", in_flight())
-        await close()
+        if second.is_set():  # the drain was cut short: the close is already what was asked for
+            await close()
+            return
+        closing = asyncio.ensure_future(close())
+        interrupted = asyncio.ensure_future(second.wait())
+        await asyncio.wait({closing, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        interrupted.cancel()
+        if not closing.done():
+            logger.warning("not waiting for the engines to close")
+            force()
     finally:
         for sig in SIGNALS:
             loop.remove_signal_handler(sig)

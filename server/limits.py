@@ -152,7 +152,7 @@ class InflightBytes:
             if self._used + size > self.limit:
                 raise OverloadedError(
                     f"{self._used} bytes of requests are in progress and this one has {size}; the server takes "
-                    f"{self.limit} at once (--max-inflight-request-mb); retry later"
+                    f"{self.limit} at once (--max-inflight-request-mb); retry later", reason="inflight_bytes"
                 )
             self._used += size
         try:

@@ -29,12 +29,16 @@ _MODEL_CALL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02
 _PER_TOKEN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
-# Status codes that mean the server refused a request it could not or would not run, by reason.
+# Status codes that mean the server refused a request it could not or would not run, and the reason a
+# refusal is counted under when the error names none (OverloadedError and the admission checks name theirs:
+# queue_full, inflight_bytes, decoded_bytes, preprocess_queue_full, deadline, unparsable).
 REJECTION_REASONS = {
     "RESOURCE_EXHAUSTED": "queue_full",
     "OUT_OF_RANGE": "too_large",
     "INVALID_ARGUMENT": "invalid",
     "UNAUTHENTICATED": "unauthenticated",
+    "NOT_FOUND": "unknown_model",
+    "FAILED_PRECONDITION": "model_not_served",
 }
 
 REQUEST_DURATION = prometheus_client.Histogram(
@@ -86,8 +90,9 @@ REQUESTS = prometheus_client.Counter(
 )
 REJECTED_REQUESTS = prometheus_client.Counter(
     "attnserve_rejected_requests_total",
-    "Generation requests refused without a result: queue_full, too_large, invalid, unauthenticated.",
-    ["model", "reason"],
+    "Generation requests refused without a result, at any layer (before parsing, at admission, at a queue), "
+    "by status code and reason (metrics.REJECTION_REASONS and the admission checks' own).",
+    ["model", "code", "reason"],
 )
 INPUT_TOKENS = prometheus_client.Counter(
     "attnserve_input_tokens_total",
@@ -98,6 +103,16 @@ OUTPUT_TOKENS = prometheus_client.Counter(
     "attnserve_output_tokens_total",
     "Generated tokens of answered requests (EOS excluded).",
     ["model"],
+)
+MAX_ROWS = prometheus_client.Gauge(
+    "attnserve_max_rows",
+    "Batch rows a model may decode at once (--max-rows; continuous batching): attnserve_running_rows' ceiling.",
+    ["model"],
+)
+BUILD_INFO = prometheus_client.Gauge(
+    "attnserve_build_info",
+    "1, labelled with the server's version, its Python and ONNX Runtime versions and how it batches.",
+    ["version", "python", "onnxruntime", "batching", "engine_process"],
 )
 MODEL_INFO = prometheus_client.Gauge(
     "attnserve_model_info",
@@ -123,15 +138,15 @@ def observe_result(result: generation.GenerationResult) -> None:
     OUTPUT_TOKENS.labels(model).inc(len(result.tokens))
 
 
-def count_request(model: str, code: str) -> None:
+def count_request(model: str, code: str, reason: str | None = None) -> None:
     """Counts one finished generation request, and a refused one under its reason too.
 
-    `model` must be a served model's name or "" (bounded labels); `code` a grpc.StatusCode name.
+    `model` must be a served model's name or "" (bounded labels); `code` a grpc.StatusCode name; `reason`
+    the refusal's, None = the code's (REJECTION_REASONS; codes there are refusals whatever the reason).
     """
     REQUESTS.labels(model, code).inc()
-    reason = REJECTION_REASONS.get(code)
-    if reason is not None:
-        REJECTED_REQUESTS.labels(model, reason).inc()
+    if code in REJECTION_REASONS:
+        REJECTED_REQUESTS.labels(model, code, reason or REJECTION_REASONS[code]).inc()
 
 
 def describe_models(engines: Iterable) -> None:
@@ -141,7 +156,57 @@ def describe_models(engines: Iterable) -> None:
         providers = getattr(engine, "providers", None) or [""]
         info, provider = engine.info, providers[0]
         MODEL_INFO.labels(info.name, str(info.version), provider).set(1)
+        max_rows = getattr(engine, "max_rows", None)  # continuous batching's; windowed batches have none
+        if max_rows is not None:
+            MAX_ROWS.labels(info.name).set(max_rows)
         _LOAD.add_models([info.name])
+
+
+def describe_build(batching: str, engine_process: bool) -> None:
+    """Publishes `attnserve_build_info` (versions read from the installed distributions)."""
+    import importlib.metadata
+    import platform
+
+    def version(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return ""
+
+    runtime = version("onnxruntime") or version("onnxruntime-gpu")
+    BUILD_INFO.labels(version("attnserve"), platform.python_version(), runtime, batching,
+                      str(engine_process).lower()).set(1)
+
+
+class _IntakeCollector(Collector):
+    """Each model's preprocessing queue and decoded bytes in flight (server/intake.py), read at scrape time."""
+
+    def __init__(self):
+        self.intakes: dict = {}  # model -> Intake; the latest server's
+
+    def collect(self):
+        queued = GaugeMetricFamily("attnserve_preprocess_queue_depth",
+                                   "Requests waiting for a preprocessing thread of their model.", labels=["model"])
+        decoded = GaugeMetricFamily(
+            "attnserve_decoded_bytes_in_flight",
+            "Bytes the inputs being (or waiting to be) preprocessed decode to, as their headers declare.",
+            labels=["model"])
+        for model, intake in sorted(self.intakes.items()):
+            queued.add_metric([model], intake.queued)
+            decoded.add_metric([model], intake.decoded_bytes)
+        return [queued, decoded]
+
+    def describe(self):
+        return []
+
+
+_INTAKES = _IntakeCollector()
+prometheus_client.REGISTRY.register(_INTAKES)
+
+
+def track_intakes(intakes) -> None:
+    """Reports these intakes (model -> Intake) from now on."""
+    _INTAKES.intakes = dict(intakes)
 
 
 class _LoadCollector(Collector):

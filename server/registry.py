@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from attnserve.server.batcher import BatchingOptions
 from attnserve.server.engine import ModelEngine
 from attnserve.server.model_handle import logit_classes
-from attnserve.server.repository import ModelVersion, find_models, open_runtime
+from attnserve.server.repository import ModelVersion, find_models, first_intact, load_model_version, open_runtime
 from attnserve.server.runtime import RuntimeOptions
 from attnserve.server.tokenization import Tokenizer
 
@@ -112,7 +112,9 @@ def load_engines(
     try:
         for name, model in find_models(repository_path, broken, only).items():
             try:
-                engines[name] = load_engine(model, runtime_options, batching_options)
+                # An older version stands in for a broken newest one (repository.first_intact).
+                engines[name] = first_intact(
+                    model.path, lambda folder: load_engine(load_model_version(folder), runtime_options, batching_options))
             except ValueError as exc:
                 if broken is None:
                     raise

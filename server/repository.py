@@ -7,11 +7,12 @@ broken export fails at startup with a message naming the file, not at the first 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import pathlib
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from attnserve.server.manifest import Manifest, load_manifest
 from attnserve.server.runtime_options import RuntimeOptions
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from attnserve.server.runtime import GraphSignature, Runtime
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MANIFEST_FILE = "manifest.json"
 # The contract fixes these dtypes; state dtypes come from the manifest, encoder inputs from its `input`.
@@ -84,7 +86,7 @@ def find_models(repository: str | pathlib.Path, broken: dict[str, str] | None = 
     models = {}
     for folder in (f for f in folders if not only or f.name in only):
         try:
-            models[folder.name] = load_model_version(newest_version(folder))
+            models[folder.name] = newest_intact_version(folder)
         except ValueError as exc:
             if broken is None:
                 raise
@@ -100,10 +102,44 @@ def newest_version(model_folder: pathlib.Path) -> pathlib.Path:
     Raises:
         ValueError: there is no integer-named subfolder.
     """
-    versions = [p for p in model_folder.iterdir() if p.is_dir() and p.name.isdigit()]
-    if not versions:
+    found = versions(model_folder)
+    if not found:
         raise ValueError(f"{model_folder}: no version folder (expected an integer name such as '1')")
-    return max(versions, key=lambda p: int(p.name))
+    return found[0]
+
+
+def versions(model_folder: pathlib.Path) -> list[pathlib.Path]:
+    """The integer-named subfolders, newest first."""
+    found = [p for p in model_folder.iterdir() if p.is_dir() and p.name.isdigit()]
+    return sorted(found, key=lambda p: -int(p.name))
+
+
+def newest_intact_version(model_folder: pathlib.Path) -> ModelVersion:
+    """The newest version whose manifest loads (`first_intact`).
+
+    Raises:
+        ValueError: no version folder, or none loads (the newest version's error).
+    """
+    return first_intact(newest_version(model_folder), load_model_version)
+
+
+def first_intact(version: pathlib.Path, load: Callable[[pathlib.Path], T]) -> T:
+    """`load(version)`, or if that raises ValueError, `load` of the newest older version of the same model
+    that succeeds, with a warning: a broken upload of version N+1 must not take version N off the air.
+
+    Raises:
+        ValueError: no version loads (the error of `version`).
+    """
+    try:
+        return load(version)
+    except ValueError as exc:
+        for older in [v for v in versions(version.parent) if int(v.name) < int(version.name)]:
+            with contextlib.suppress(ValueError):
+                loaded = load(older)
+                logger.warning("model %r: version %s is broken (%s); serving version %s instead",
+                               version.parent.name, version.name, exc, older.name)
+                return loaded
+        raise
 
 
 def load_model_version(folder: pathlib.Path) -> ModelVersion:

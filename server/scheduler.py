@@ -3,9 +3,13 @@
 Requests join the *foreground* lane at the next step boundary while its rows fit under `max_rows` (a
 request wider than the limit runs only on an empty lane), at most `max_admit` at one boundary (the
 batcher's `max_batch_size`: those are encoded together). A group that has spent more than its fair share
-(rows x steps) is moved, when a queued request does not fit, to the *background* lane; the two lanes take
-one decoder step each in turn, so an expensive beam search keeps going while cheap requests keep flowing
-past it instead of waiting for it to end. Nothing here touches the model: lanes and their batches do.
+(rows x steps) is moved, when a queued request does not fit, to the *background* lane, so an expensive
+beam search keeps going while cheap requests keep flowing past it instead of waiting for it to end. The
+lanes share the decoder's *time*, not its calls: the background steps only while it has had no more decode
+time than the foreground (`turn`). A step of 64 beam rows of long sources costs many times a step of a few
+short rows, so one call each in turn left a short greedy request beside 4 beam-16 searches waiting for a
+background step per token (12-33x its idle time); sharing time halves its speed at most. Nothing here
+touches the model: lanes and their batches do.
 
 Every row of a lane's batch is padded to its longest source, and the decoder reads every position at every
 step (the cross-attention K/V). One long source among short ones multiplies that work: in 128 test
@@ -45,8 +49,11 @@ CALL_OVERHEAD_POSITIONS = 1000
 class SchedulingOptions:
     # Rows (beams count one row each) decoding together in one lane; more requests wait in the queue.
     max_rows: int = bounded(64, least=1)
-    # Rows x steps a group may spend before it yields its place in the foreground to queued requests.
-    fair_share_row_steps: int = bounded(512, least=1)
+    # Rows x steps a group may spend before it yields its place in the foreground to queued requests. 64: a
+    # beam of 16 yields after 4 steps, a greedy request after 64 tokens. At 512 (32 steps of a beam of 16,
+    # each of 64 rows of long sources) a short greedy request beside 4 such searches waited 17x its idle
+    # time; at 64, 2.7x, for the same throughput under 16 clients with beams of 4 (bench/head_of_line.py).
+    fair_share_row_steps: int = bounded(64, least=1)
     # Steps queued requests may be held back while a batch runs, waiting for company; 0 = admit at once.
     admission_hold_steps: int = bounded(0, least=0)
     # Queued requests (or free rows, if fewer) that end a hold.
@@ -85,6 +92,8 @@ class Scheduler:
         self.long_sources = Lane(options.max_rows)  # the foreground's groups of much longer sources
         self.background = Lane(options.max_rows)
         self._held = 0  # consecutive steps queued requests were held back
+        # Decode seconds of the foreground (both its lanes) and the background since both last ran (`turn`).
+        self._seconds = {"foreground": 0.0, "background": 0.0}
         self.encoding_rows = 0  # rows admitted whose encoding is still under way (not in a lane yet)
 
     @property
@@ -103,16 +112,32 @@ class Scheduler:
         return bool(self.foreground or self.long_sources or self.background)
 
     def lanes(self) -> list[Lane]:
-        """The lanes to step this round, one step each: they take turns so none starves."""
+        """Every lane that holds rows."""
         return [lane for lane in (self.foreground, self.long_sources, self.background) if lane]
 
+    def turn(self) -> list[Lane]:
+        """The lanes to step this round, one step each: the foreground's every round, the background's while
+        it has had no more decode time than the foreground's (`stepped` counts it)."""
+        front = [lane for lane in (self.foreground, self.long_sources) if lane]
+        if not self.background or not front:
+            self._seconds = {"foreground": 0.0, "background": 0.0}  # one side idle: nothing to share
+            return front or self.lanes()
+        behind = self._seconds["background"] <= self._seconds["foreground"]
+        return [*front, self.background] if behind else front
+
+    def stepped(self, lane: Lane, seconds: float) -> None:
+        """Counts a lane's step of `seconds` towards its side's share of the decode time."""
+        self._seconds["background" if lane is self.background else "foreground"] += seconds
+
     def make_room(self, rows: int) -> None:
-        """Moves over-budget groups to the background until `rows` more fit in the foreground (or none can)."""
+        """With a request of `rows` rows waiting that does not fit, moves every over-budget group to the
+        background (while it has rows for them): the newcomer then decodes beside the groups still within
+        their share, not at the pace of a step of every expensive row (`turn` shares the time)."""
+        if self._fits(self.foreground_rows, rows):
+            return
         over = [(lane, g) for lane in (self.foreground, self.long_sources) for g in lane.groups
                 if g.row_steps > self.options.fair_share_row_steps]
         for lane, group in sorted(over, key=lambda pair: -pair[1].row_steps):
-            if self._fits(self.foreground_rows, rows):
-                return
             if self.background and self.background.rows + group.rows > self.options.max_rows:
                 continue
             lane.move(group, self.background)

@@ -34,7 +34,10 @@ class ServeOptions:
     models: str = "models"  # model repository folder
     # Serve only these models of the repository (e.g. one model per deployment); empty = every model.
     only_models: tuple[str, ...] = ()
-    host: str = "[::]"  # interface to listen on; "[::]" = all
+    # Interface to listen on. Loopback by default: without --tls-cert and --auth-token-file the port is
+    # plaintext and open to anyone who reaches it, so listening on others ("0.0.0.0", "[::]") is a choice
+    # to make explicitly (the container image and the manifests make it).
+    host: str = LOOPBACK
     port: int = bounded(convert.DEFAULT_PORT, least=0, most=65535)  # 0 = any free port (gRPC would wrap 65536+)
     device: str = mirror(RuntimeOptions, "device")  # "cpu" or "cuda"
     # Keep decoder inputs (encoder K/V, the K/V cache) on the device between steps: "auto" = on for cuda.
@@ -64,6 +67,16 @@ class ServeOptions:
     grace_seconds: float = bounded(10.0, least=0)  # how long in-flight requests may finish after a shutdown signal
     # Bytes of requests handled at once (audio and images are the big ones); more are RESOURCE_EXHAUSTED.
     max_inflight_request_mb: float = bounded(256.0, above=0)
+    # Threads per model that validate and decode inputs (server/intake.py), and requests per model waiting
+    # for them; more are RESOURCE_EXHAUSTED.
+    preprocess_threads: int = bounded(1, least=1)
+    max_preprocess_queue: int = bounded(32, least=1)
+    # MiB per model that inputs being preprocessed decode to (pixels x channels, samples x 4), read from
+    # their headers before decoding; more are RESOURCE_EXHAUSTED.
+    max_decoded_mb: float = bounded(512.0, above=0)
+    # Refuse at once (RESOURCE_EXHAUSTED, with a retry hint) a request its model cannot finish before its
+    # deadline, estimated from the work ahead of it and its own (server/cost.py).
+    deadline_admission: bool = True
     # Audio models: recordings longer than the model's window, up to this long, are cut at pauses and
     # transcribed segment by segment (server/longform.py); 0 = the window is the limit.
     long_form_max_minutes: float = bounded(60.0, least=0)
@@ -122,7 +135,8 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         dict(action="append", metavar="NAME", help="serve only this model of the repository (repeatable; "
              "default: every model)"),
     ),
-    "--host": ("host", dict(help="interface to listen on (default: %(default)s = all)")),
+    "--host": ("host", dict(help="interface to listen on (default: %(default)s, loopback; 0.0.0.0 = every IPv4 "
+                             "interface, [::] = every interface)")),
     "--port": ("port", dict(type=int, help="gRPC port (default: %(default)s)")),
     "--device": ("device", dict(choices=DEVICES, help="where the models run: cpu, or cuda (the `gpu` extra's "
                                 "onnxruntime-gpu and a visible GPU) (default: %(default)s)")),
@@ -213,6 +227,25 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--max-inflight-request-mb": (
         "max_inflight_request_mb",
         dict(type=float, help="MiB of requests handled at once; more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+    ),
+    "--preprocess-threads": (
+        "preprocess_threads",
+        dict(type=int, help="threads per model that validate and decode inputs (default: %(default)s)"),
+    ),
+    "--max-preprocess-queue": (
+        "max_preprocess_queue",
+        dict(type=int, help="requests per model waiting for preprocessing; more are RESOURCE_EXHAUSTED "
+             "(default: %(default)s)"),
+    ),
+    "--max-decoded-mb": (
+        "max_decoded_mb",
+        dict(type=float, help="MiB per model that inputs being preprocessed decode to (pixels x channels, "
+             "samples x 4, from their headers); more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+    ),
+    "--no-deadline-admission": (
+        "deadline_admission",
+        dict(action="store_false", help="admit every request whatever its deadline, instead of refusing at once "
+             "(RESOURCE_EXHAUSTED, with a retry hint) what its model cannot finish in time"),
     ),
     "--long-form-max-minutes": (
         "long_form_max_minutes",

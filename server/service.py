@@ -1,8 +1,8 @@
 """The AttnServe gRPC servicer: checks a request's shape, converts it, and hands it to the model's engine.
 
-Handlers never block the event loop: submitting a request (validating and preprocessing its input) runs on a
-thread of the loop's default executor, and an engine runs the model on its own worker thread and returns a
-`concurrent.futures.Future`, which handlers await through `asyncio.wrap_future`. Tokens of a stream
+Handlers never block the event loop: submitting a request (validating and preprocessing its input) runs on
+its model's intake pool (server/intake.py: bounded, per model, dropped if the caller left first), and an
+engine runs the model on its own worker thread and returns a `concurrent.futures.Future`, which handlers await through `asyncio.wrap_future`. Tokens of a stream
 cross from that thread into the loop through `loop.call_soon_threadsafe`. A handler that leaves before
 its request finished (client cancelled, deadline passed) cancels the request in its engine, which frees
 its batch row. Handlers raise plain exceptions; `errors.ErrorInterceptor` turns them into status codes.
@@ -22,7 +22,7 @@ from typing import Protocol
 
 import grpc
 
-from attnserve.server import convert, errors, generation, lifecycle, logging_setup, metrics
+from attnserve.server import convert, cost, errors, generation, intake, lifecycle, logging_setup, metrics
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 
@@ -66,23 +66,32 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         engines: Mapping[str, Engine],
         drain: lifecycle.Drain | None = None,
         broken: Mapping[str, str] | None = None,
+        intake_options: intake.IntakeOptions = intake.IntakeOptions(),
+        deadline_admission: bool = True,
     ):
         """
         Args:
             engines: model name -> its engine.
             drain: counts generation requests in progress and refuses new ones while the server stops.
             broken: model name -> why it failed to load (served with --skip-broken-models); calls naming
-                one are UNAVAILABLE with the reason.
+                one are FAILED_PRECONDITION (the reason, which names server paths, is only logged).
+            intake_options: each model's preprocessing pool and limits (server/intake.py).
+            deadline_admission: refuse at once what cannot finish before its deadline (server/cost.py).
         """
         self._engines = engines
         self._drain = drain or lifecycle.Drain()
         self._broken = dict(broken or {})
+        self.intakes = {name: intake.Intake(name, intake_options) for name in engines}
+        # Windowed batching states no row bound: its batches hold the 16 rows of its default batch size.
+        self.costs = {name: cost.CostModel(e.info, getattr(e, "max_rows", None) or 16) for name, e in engines.items()}
+        self._deadline_admission = deadline_admission
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         with self._drain.track(), self._counted(request, "Generate", context) as access:
             engine, gen_request = self._prepare(request)
-            async with _submitted(engine, gen_request) as future:
+            async with self._admitted(engine, gen_request, context) as (future, ticket):
                 result = await _result(future, _deadline(context))
+                self.costs[request.model].observe(gen_request, result, ticket)
             access.tokens = len(result.tokens)
         metrics.observe_result(result)
         return convert.result_to_proto(result)
@@ -98,12 +107,13 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
                 )
             engine, gen_request = self._prepare(request)
             stream = _TokenStream(asyncio.get_running_loop())
-            async with _submitted(engine, gen_request, stream.on_token) as future:
+            async with self._admitted(engine, gen_request, context, stream.on_token) as (future, ticket):
                 # Runs on the worker thread after its last on_token call, so the end marker queues last.
                 future.add_done_callback(stream.finish)
                 async for events in stream.groups(deadline, request.stream_interval):
                     yield convert.token_events_to_proto(events)
                 result = await _result(future, deadline)
+                self.costs[request.model].observe(gen_request, result, ticket)
             access.tokens = len(result.tokens)
         metrics.observe_result(result)
         yield convert.final_to_proto(result)
@@ -120,16 +130,19 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
     def _engine(self, name: str) -> Engine:
         engine = self._engines.get(name)
         if engine is None and name in self._broken:
-            raise generation.UnavailableError(f"model {name!r} is not served: {self._broken[name]}")
+            # The reason names the server's files: it is in the server's log, not in the answer.
+            raise generation.ModelNotServedError(f"model {name!r} failed to load on this server and is not served")
         if engine is None:
-            raise ValueError(f"unknown model {name!r}; available: {', '.join(sorted(self._engines)) or 'none'}")
+            available = ", ".join(sorted(self._engines)) or "none"
+            raise generation.ModelNotFoundError(f"unknown model {name!r}; available: {available}")
         return engine
 
     def _prepare(self, request: pb.GenerateRequest) -> tuple[Engine, generation.GenerationRequest]:
         """Checks what the core cannot see (the oneof, the wire-only source language) and converts.
 
         Raises:
-            ValueError: unknown model, no input, an input of another kind than the model reads, or a source
+            ModelNotFoundError, ModelNotServedError: an unknown model, or one that failed to load.
+            ValueError: no input, an input of another kind than the model reads, or a source
                 language the model does not read. The engine checks the rest (the input itself, languages,
                 lengths, ranges) when the request is submitted.
         """
@@ -150,13 +163,27 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         logger.debug("request %r for model %r", request.request_id, request.model)
         return engine, convert.request_from_proto(request)
 
+    @contextlib.asynccontextmanager
+    async def _admitted(self, engine: Engine, request: generation.GenerationRequest,
+                         context: grpc.aio.ServicerContext, on_token=None):
+        """`_submitted` on the model's intake, once its cost model admits it before its deadline; yields its
+        future and its admission ticket, whose rows count as admitted until the block ends."""
+        remaining = context.time_remaining() if self._deadline_admission else None
+        costs = self.costs[request.model]
+        ticket = costs.admit(request, remaining)
+        try:
+            async with _submitted(engine, request, self.intakes[request.model], context, on_token) as future:
+                yield future, ticket
+        finally:
+            costs.finished(ticket)
+
     @contextlib.contextmanager
     def _counted(
         self, request: pb.GenerateRequest, method: str, context: grpc.aio.ServicerContext
     ) -> Iterator[_Access]:
         """Counts the request under its final status code (unknown model names share one label) and writes
         its access line."""
-        code = grpc.StatusCode.OK
+        code, reason = grpc.StatusCode.OK, None
         model = request.model
         request.request_id = request.request_id or logging_setup.new_request_id()  # every log line names one
         access = _Access(started=time.perf_counter())
@@ -166,12 +193,12 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
             code = grpc.StatusCode.CANCELLED
             raise
         except BaseException as exc:
-            code = errors.status_code(exc)
+            code, reason = errors.status_code(exc), errors.reason(exc)
             raise
         finally:
             if code == grpc.StatusCode.CANCELLED and _deadline_passed(context):
                 code = grpc.StatusCode.DEADLINE_EXCEEDED  # gRPC cancels the handler when the deadline passes
-            metrics.count_request(model if model in self._engines else "", code.name)
+            metrics.count_request(model if model in self._engines else "", code.name, reason)
             seconds = time.perf_counter() - access.started
             logging_setup.log_access(method, model, code.name, access.tokens, seconds, request.request_id)
 
@@ -188,32 +215,38 @@ class _Access:
 async def _submitted(
     engine: Engine,
     request: generation.GenerationRequest,
+    pool: intake.Intake,
+    context: grpc.aio.ServicerContext,
     on_token: Callable[[generation.StreamedToken], None] | None = None,
 ) -> AsyncIterator[concurrent.futures.Future[generation.GenerationResult]]:
-    """Submits `request` to `engine` off the event loop and cancels it when the block is left.
+    """Submits `request` to `engine` on its model's intake pool and cancels it when the block is left.
 
-    Submitting validates and preprocesses the input (tokenizes text, decodes audio): microseconds for a
-    sentence, up to seconds for the megabytes a message may carry, which on the loop would stall every other
-    call (health checks included).
+    Submitting validates and preprocesses the input (tokenizes text, decodes audio and images): microseconds
+    for a sentence, up to seconds for the megabytes a message may carry, which on the loop would stall every
+    other call (health checks included).
 
     Cancelling a finished request does nothing; a handler that leaves early (the client cancelled, the
-    deadline passed, the stream was closed) drops its queued request or frees its running request's batch
-    row at the next decode step, even when it leaves while the request is still being submitted.
+    deadline passed, the stream was closed) drops its submission if it has not started, else its queued
+    request or its running request's batch row once it is submitted.
     """
-    submitting = asyncio.ensure_future(asyncio.to_thread(engine.submit, request, on_token))
+    remaining = context.time_remaining()
+    deadline = None if remaining is None else time.monotonic() + remaining
+    submitting = pool.submit(engine.submit, request, on_token, deadline=deadline)
     try:
-        future = await asyncio.shield(submitting)
+        future = await asyncio.wrap_future(submitting)  # cancelling this cancels a job not yet started
         metrics.track_request(request, future, engine.info.default_beam_size)
     except asyncio.CancelledError:
         submitting.add_done_callback(functools.partial(_cancel_submitted, engine))
         raise
+    finally:
+        del submitting  # its exception's traceback holds this frame: no cycle through the local
     try:
         yield future
     finally:
         engine.cancel(future)
 
 
-def _cancel_submitted(engine: Engine, submitting: asyncio.Future) -> None:
+def _cancel_submitted(engine: Engine, submitting: concurrent.futures.Future) -> None:
     """Done-callback of a submission its handler left: cancels the request once it is queued."""
     if not submitting.cancelled() and submitting.exception() is None:
         engine.cancel(submitting.result())
@@ -272,13 +305,15 @@ class _TokenStream:
 
 
 def _deadline_passed(context: grpc.aio.ServicerContext) -> bool:
-    # The client's clock runs out first and it cancels the call, while the server's copy of the deadline
-    # (set when the call arrived) still has transit time left: allow for that.
+    # A client whose deadline passes cancels the call. The server's copy of the deadline was set when the
+    # call's headers arrived, one transit later than the client's; the cancel arrives one transit after the
+    # client's deadline too, so the two meet within the jitter of that transit: allow for the jitter only,
+    # so that a caller who cancels shortly before the deadline is counted CANCELLED (100 ms allowed that).
     remaining = context.time_remaining()
     return remaining is not None and remaining <= _DEADLINE_SLACK_SECONDS
 
 
-_DEADLINE_SLACK_SECONDS = 0.1
+_DEADLINE_SLACK_SECONDS = 0.02
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:

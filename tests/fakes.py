@@ -32,6 +32,8 @@ class FakeEngine:
             while it waits.
     """
 
+    max_rows = 64  # as a continuously batching engine states its --max-rows
+
     def __init__(self, name: str = "fake-translate"):
         languages = ["en", "zh-TW"]
         self.info = ModelInfo(name, 3, "translation", "reverses its input", languages, languages, 32, 8, 2, 4)
@@ -75,7 +77,7 @@ class FakeEngine:
         """The offline result: what `submit` computes, without a server."""
         return self._generate(request, None, threading.Event())
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         self.closed = True
         self._worker.shutdown(wait=True)
 

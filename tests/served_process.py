@@ -20,6 +20,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 WAIT = 60  # seconds; only guards against hangs (loading models on a busy 2-core machine), never measures
 
 
+def rss_mib(pid: int) -> float:
+    """The resident set size of process `pid`, in MiB (Linux: /proc)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

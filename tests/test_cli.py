@@ -74,7 +74,7 @@ def test_models_lists_metadata(capsys, address):
 def test_errors_go_to_stderr_with_status(capsys, address):
     status, out, err = run(capsys, "translate", "abc", "--model", "nope", "--address", address)
     assert status == 1 and out == ""
-    assert err == f"error: INVALID_ARGUMENT: unknown model 'nope'; available: {MODEL}\n"
+    assert err == f"error: NOT_FOUND: unknown model 'nope'; available: {MODEL}\n"
 
 
 def test_words_and_pieces_are_exclusive(capsys):

@@ -83,9 +83,9 @@ def test_errors_carry_code_and_details(client):
     with pytest.raises(AttnServeError) as raised:
         client.translate("abc", model="nope")
     error = raised.value
-    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.code == grpc.StatusCode.NOT_FOUND
     assert error.details == f"unknown model 'nope'; available: {MODEL}"
-    assert str(error) == f"INVALID_ARGUMENT: {error.details}"
+    assert str(error) == f"NOT_FOUND: {error.details}"
 
 
 def test_stream_errors_are_attnserve_errors(client):
@@ -125,7 +125,7 @@ def test_async_client(fake_server, fake_engine):
     assert result == fake_engine.generate(translation_request("abc", attention=True, model=MODEL))
     assert [e.token for e in streamed[:-1]] == streamed[-1].tokens
     assert models == [info] == [fake_engine.info]
-    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.code == grpc.StatusCode.NOT_FOUND
 
 
 # ---- conversion ------------------------------------------------------------------------------------

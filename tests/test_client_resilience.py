@@ -67,7 +67,7 @@ def test_each_status_code_has_its_exception_class(code, cls):
 
 def test_a_server_error_arrives_as_its_class(flaky):
     address, _ = flaky
-    with Client(address, timeout=WAIT) as client, pytest.raises(errors.InvalidArgument) as raised:
+    with Client(address, timeout=WAIT) as client, pytest.raises(errors.NotFound) as raised:
         client.translate("abc", model="nope")
     assert "unknown model 'nope'" in raised.value.details
 
@@ -169,7 +169,7 @@ def test_async_client_retries_and_round_robins():
             async with AsyncClient([a.address, b.address], timeout=WAIT, retry=QUICK) as client:
                 texts = [(await client.translate("abc", model=MODEL)).text for _ in range(3)]
                 streamed = [e async for e in client.stream(translation_request("ab", model=MODEL))]
-                with pytest.raises(errors.InvalidArgument):
+                with pytest.raises(errors.NotFound):
                     await client.get_model("nope")
             return texts, streamed
 

@@ -201,15 +201,17 @@ def test_an_unknown_model_fails_alone_in_json_too(capsys, monkeypatch, address):
     assert status == 1 and list(results) == [COPY, "nope"]
     assert results[COPY]["text"] == TEXT
     message = f"unknown model 'nope'; available: fake-caption, {COPY}, {REVERSE}"
-    assert results["nope"] == {"error": {"code": "INVALID_ARGUMENT", "message": message}}
+    assert results["nope"] == {"error": {"code": "NOT_FOUND", "message": message}}
 
 
 def test_stacked_error_block(capsys, monkeypatch, address):
     argv = ["compare", TEXT, "--models", f"nope,{REVERSE}", "--address", address]
     status, lines, _ = run(capsys, monkeypatch, 40, *argv)
     assert status == 1
-    assert lines[0] == "nope" and lines[1].startswith("error: INVALID_ARGUMENT: unknown model")
-    assert lines[lines.index(REVERSE) - 1] == "" and lines[lines.index(REVERSE) - 2] != ""  # one blank between
+    assert lines[0] == "nope" and lines[1].startswith("error: NOT_FOUND: unknown model")
+    # The second block's title, not the model name the wrapped error lists alone on a line.
+    title = len(lines) - 1 - lines[::-1].index(REVERSE)
+    assert lines[title - 1] == "" and lines[title - 2] != ""  # one blank between
     assert all(display_width(line) <= 50 for line in lines)
 
 

@@ -33,6 +33,22 @@ def test_the_image_serves_as_a_non_root_user_with_a_health_check_and_exec_form_e
     assert not [line for line in runtime if "torch" in line or "gcc" in line]
 
 
+def test_the_images_command_listens_beyond_loopback():
+    """The server's default is loopback; in a container that is out of reach of the published ports."""
+    import argparse
+    import json
+
+    from attnserve.server import serve_options
+
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", "")
+    command = json.loads(next(line for line in text.splitlines() if line.startswith("CMD "))[4:])
+    parser = argparse.ArgumentParser()
+    serve_options.add_arguments(parser)
+    options = serve_options.from_args(parser.parse_args(command[1:]))
+    assert command[0] == "serve" and options.host == "0.0.0.0" and options.metrics_host == "0.0.0.0"
+    assert serve_options.ServeOptions().host == "127.0.0.1"
+
+
 def test_the_build_context_holds_what_the_dockerfile_copies_and_nothing_heavy():
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert "*" in ignore  # everything is left out unless a "!" line lets it in

@@ -8,6 +8,7 @@ test does not wait minutes) are the test's. Skipped where the `prometheus` binar
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import math
 import shutil
@@ -53,7 +54,15 @@ class Prometheus:
 @pytest.fixture
 def prometheus_scraping(tmp_path, tiny_model_repo):
     """(Prometheus, served process): Prometheus with the shipped config, aimed at a fresh server."""
-    with served([sys.executable, "-m", "attnserve.clients.cli"], str(tiny_model_repo)) as server:
+    with prometheus_on(tmp_path, tiny_model_repo) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def prometheus_on(tmp_path, repository, serve_args=()):
+    """(Prometheus, served process): the shipped scrape job and rules, every 1 s, aimed at a fresh server."""
+    command = [sys.executable, "-m", "attnserve.clients.cli"]
+    with served(command, str(repository), extra_args=serve_args) as server:
         config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
         config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
         config["rule_files"] = [str(path) for path in RULE_FILES]
@@ -116,7 +125,8 @@ def _load(stub) -> None:
 
 
 def _until_a_deadline_passes_on_the_server(stub, server, rounds: int = 30) -> None:
-    """Sends bursts with deadlines too short for a beam search until the server counts one it missed.
+    """Sends bursts with deadlines too short for a beam search until the server counts one it missed, or
+    refused as one it could not meet (deadline-aware admission, server/cost.py).
 
     The error-ratio rule needs a server-side failure; whether a 10 ms deadline expires in the server (and
     not in the client before sending) depends on timing, so try a bounded number of bursts.
@@ -127,7 +137,8 @@ def _until_a_deadline_passes_on_the_server(stub, server, rounds: int = 30) -> No
         calls = [stub.Generate.future(slow, timeout=0.01) for _ in range(8)]
         for call in calls:
             call.exception()
-        if 'code="DEADLINE_EXCEEDED"' in server.metrics():
+        page = server.metrics()
+        if 'code="DEADLINE_EXCEEDED"' in page or 'reason="deadline"' in page:
             return
     pytest.fail(f"no request missed its deadline on the server in {rounds} bursts")
 

@@ -143,6 +143,25 @@ def test_cancelling_queued_and_running_requests(tiny_model_repo):
         engine.close()
 
 
+def test_closing_cuts_off_the_running_request_instead_of_finishing_it(tiny_model_repo):
+    """The parent closes its engines after the drain: what still runs is cut off. The child used to stop
+    reading at "close" and finish its running batch, which took up to 20 s past Kubernetes' grace."""
+    engine = ProcessEngine(tiny_model_repo, TINY_MODEL_NAME, batching_options=ONE_ROW)
+    streamed, closing = [], []
+
+    def close_at_first_token(event):
+        streamed.append(event)
+        if len(streamed) == 1:
+            closing.append(threading.Thread(target=engine.close, args=(WAIT,)))
+            closing[0].start()
+
+    running = engine.submit(request(MIXED_TEXTS[2], min_new_tokens=40, max_new_tokens=40), close_at_first_token)
+    with pytest.raises((CancelledError, UnavailableError)):
+        running.result(WAIT)
+    closing[0].join(WAIT)
+    assert len(streamed) < 40  # cut off after a step or two, not finished
+
+
 def test_a_child_that_goes_away_fails_what_was_pending_and_refuses_more(tiny_model_repo):
     engine = ProcessEngine(tiny_model_repo, TINY_MODEL_NAME, batching_options=ONE_ROW)
     held = threading.Event()

@@ -1,5 +1,5 @@
-"""Property-based fuzzing of requests: whatever a client sends, the answer is success, INVALID_ARGUMENT or
-OUT_OF_RANGE, never a server error, and the server stays healthy.
+"""Property-based fuzzing of requests: whatever a client sends, the answer is success, INVALID_ARGUMENT,
+OUT_OF_RANGE or NOT_FOUND (a model it does not have), never a server error, and the server stays healthy.
 
 Most cases run in process along the server's own path (the admission check on the raw bytes, parsing, the
 servicer's checks and conversion, the engine's validation), which is fast enough for thousands of cases;
@@ -19,7 +19,7 @@ from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import WAIT
 
-ALLOWED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
+ALLOWED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND}
 GENERATE = "/attnserve.v1.AttnServe/Generate"
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 

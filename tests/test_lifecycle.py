@@ -67,8 +67,15 @@ from fakes import FakeEngine
 from attnserve.server import app, logging_setup
 
 DELAY = float(sys.argv[1])
+HANG_ON_CLOSE = len(sys.argv) > 3
 
 class SlowEngine(FakeEngine):
+    def close(self, timeout=None):
+        if HANG_ON_CLOSE:  # an engine that never finishes closing (a child finishing a long batch)
+            os.write(1, b"closing\\n")
+            threading.Event().wait()
+        super().close(timeout)
+
     def _generate(self, request, on_token, stop):
         os.write(1, b"started\\n")  # one write per line: print() from several threads can interleave
         if DELAY < 0:
@@ -89,10 +96,10 @@ asyncio.run(main())
 """
 
 
-def _start_server(delay: float, grace: float) -> tuple[subprocess.Popen, str]:
+def _start_server(delay: float, grace: float, hang_on_close: bool = False) -> tuple[subprocess.Popen, str]:
     script = _SERVER_SCRIPT.format(tests=str(pathlib.Path(__file__).parent))
     process = subprocess.Popen(
-        [sys.executable, "-c", script, str(delay), str(grace)],
+        [sys.executable, "-c", script, str(delay), str(grace), *(["hang"] if hang_on_close else [])],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -145,3 +152,27 @@ def test_a_second_signal_stops_at_once_cleanly_and_says_what_it_cut_off():
     assert "second SIGINT: stopping now" in log
     assert "1 in-flight requests cut off" in log
     assert "terminate called" not in log
+
+
+@pytest.mark.parametrize("second_signal", [False, True])
+def test_an_engine_that_never_closes_does_not_keep_the_process_alive(second_signal):
+    """The close after the drain is bounded (app.CLOSE_SECONDS), and a second signal during it ends the
+    wait at once: the whole stop fits terminationGracePeriodSeconds. Before, it waited on the engines for as
+    long as they took (--engine-process: 32 s after SIGTERM, 21 s after a second SIGINT)."""
+    process, address = _start_server(delay=0, grace=0, hang_on_close=True)
+    try:
+        with grpc.insecure_channel(address) as channel:  # answered: the loop is past installing its handlers
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
+        process.send_signal(signal.SIGTERM)
+        assert process.stdout.readline().strip() == "closing"
+        if second_signal:
+            process.send_signal(signal.SIGTERM)
+        assert process.wait(WAIT) == 0
+    finally:
+        process.kill()
+        log = process.stderr.read()
+    if second_signal:
+        assert "not waiting for the engines to close" in log
+    else:
+        assert "1 models did not close in 5.0 s; exiting without them" in log
+

@@ -90,19 +90,20 @@ def _late(stub, streamed: bool) -> grpc.StatusCode:
 
 
 @pytest.mark.parametrize(
-    "failure,reason",
+    "failure,code,reason",
     [
-        (generation.OverloadedError("the queue is full"), "queue_full"),
-        (generation.InputTooLargeError("too long"), "too_large"),
-        (ValueError("bad input"), "invalid"),
+        (generation.OverloadedError("the queue is full"), "RESOURCE_EXHAUSTED", "queue_full"),
+        (generation.OverloadedError("no time", reason="deadline"), "RESOURCE_EXHAUSTED", "deadline"),
+        (generation.InputTooLargeError("too long"), "OUT_OF_RANGE", "too_large"),
+        (ValueError("bad input"), "INVALID_ARGUMENT", "invalid"),
     ],
 )
-def test_refused_requests_are_counted_by_reason(stub, fake_engine, failure, reason):
+def test_refused_requests_are_counted_by_code_and_reason(stub, fake_engine, failure, code, reason):
     fake_engine.reject = failure  # refused at submit, as validation and a full queue refuse
-    before = sample("attnserve_rejected_requests_total", model=FAKE, reason=reason)
+    before = sample("attnserve_rejected_requests_total", model=FAKE, code=code, reason=reason)
     with pytest.raises(grpc.RpcError):
         stub.Generate(request(), timeout=WAIT)
-    assert sample("attnserve_rejected_requests_total", model=FAKE, reason=reason) == before + 1
+    assert sample("attnserve_rejected_requests_total", model=FAKE, code=code, reason=reason) == before + 1
 
 
 def test_answered_requests_count_their_tokens(stub):

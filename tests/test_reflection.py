@@ -19,7 +19,7 @@ from google.protobuf import json_format
 from attnserve.v1 import attnserve_pb2 as pb
 
 WAIT = 30  # seconds; only guards against hangs
-GRPCURL_INVALID_ARGUMENT = 64 + 3  # grpcurl exits with 64 + the status code of a failed RPC
+GRPCURL_NOT_FOUND = 64 + 5  # grpcurl exits with 64 + the status code of a failed RPC
 
 
 def _find_grpcurl() -> str | None:
@@ -151,8 +151,8 @@ def test_generate_stream_ends_with_the_unary_response(grpcurl, served):
 def test_errors_carry_the_status_code_and_message(grpcurl, served):
     address, model = served
     process = grpcurl(address, "attnserve.v1.AttnServe/Generate", data={"model": "nope", "text": {"text": "hi"}})
-    assert process.returncode == GRPCURL_INVALID_ARGUMENT
-    assert "Code: InvalidArgument" in process.stderr
+    assert process.returncode == GRPCURL_NOT_FOUND
+    assert "Code: NotFound" in process.stderr
     assert f"unknown model 'nope'; available: {model}" in process.stderr
 
 

@@ -17,11 +17,13 @@ import traceback
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
 from attnserve.server import app, generation, limits
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import WAIT, FakeEngine, recording_engine
+from served_process import rss_mib
 
 TINY = "tiny-translate"
 
@@ -37,12 +39,6 @@ def _status(call) -> grpc.StatusCode:
 # ---- memory: oversized requests are refused before they cost memory -------------------------------------
 
 
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
@@ -65,11 +61,11 @@ def test_oversized_requests_leave_no_memory_behind(tiny_model_repo, tmp_path):
                 assert set(pool.map(lambda _: _status(lambda: generate(ok, timeout=WAIT)), range(32))) == {
                     grpc.StatusCode.OK
                 }
-                before = _rss_mib(server.pid)
+                before = rss_mib(server.pid)
                 for _ in range(3):
                     codes = set(pool.map(lambda _: _status(lambda: generate(huge, timeout=4 * WAIT)), range(16)))
                     assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED}
-                after = _rss_mib(server.pid)
+                after = rss_mib(server.pid)
             assert _status(lambda: generate(ok, timeout=WAIT)) == grpc.StatusCode.OK
         assert after <= 1.25 * before, f"RSS grew from {before:.0f} MiB to {after:.0f} MiB"
     finally:
@@ -118,8 +114,15 @@ class _AudioFake(FakeEngine):
         self.info = dataclasses.replace(self.info, input_kind=generation.InputKind.AUDIO, audio=audio)
 
 
+def _rejected(model: str, code: str, reason: str) -> float:
+    labels = {"model": model, "code": code, "reason": reason}
+    return REGISTRY.get_sample_value("attnserve_rejected_requests_total", labels) or 0.0
+
+
 def test_requests_over_their_models_limit_are_refused_before_parsing():
     text, audio = FakeEngine(), _AudioFake()
+    too_large = _rejected("fake-translate", "OUT_OF_RANGE", "too_large")
+    receive_limit = _rejected("", "RESOURCE_EXHAUSTED", "receive_limit")
     with app.BackgroundServer({text.info.name: text, audio.info.name: audio}) as background:
         with grpc.insecure_channel(background.address, options=[("grpc.max_send_message_length", 8 << 20)]) as ch:
             generate = pb_grpc.AttnServeStub(ch).Generate
@@ -135,6 +138,22 @@ def test_requests_over_their_models_limit_are_refused_before_parsing():
                 generate(huge, timeout=WAIT)
             assert exhausted.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert text.requests == [] and audio.requests == []
+    # Both refusals are counted, though neither reached the servicer (the second not even Python).
+    assert _rejected("fake-translate", "OUT_OF_RANGE", "too_large") == too_large + 1
+    _wait_for(lambda: _rejected("", "RESOURCE_EXHAUSTED", "receive_limit") == receive_limit + 1)
+
+
+def test_unparsable_bytes_are_invalid_argument_and_counted():
+    engine = FakeEngine()
+    before = _rejected("", "INVALID_ARGUMENT", "unparsable")
+    with app.BackgroundServer({engine.info.name: engine}) as background, \
+            grpc.insecure_channel(background.address) as channel:
+        raw = channel.unary_unary("/attnserve.v1.AttnServe/Generate")  # bytes in, bytes out
+        with pytest.raises(grpc.RpcError) as refused:
+            raw(b"\x0a\x05\xff\xfe\xfd\xfc\xfb", timeout=WAIT)  # field 1 (model) is not UTF-8
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _rejected("", "INVALID_ARGUMENT", "unparsable") == before + 1
+    assert engine.requests == []
 
 
 def test_inflight_budget_refuses_what_does_not_fit_and_frees_it_after():
@@ -144,6 +163,7 @@ def test_inflight_budget_refuses_what_does_not_fit_and_frees_it_after():
     with app.BackgroundServer({engine.info.name: FakeEngine()}) as probe:
         budget = probe.server.limits.receive_bytes  # the least a server takes: one largest request
     assert budget < 2 * large.ByteSize()
+    inflight = _rejected("fake-translate", "RESOURCE_EXHAUSTED", "inflight_bytes")
     with app.BackgroundServer({engine.info.name: engine}, max_inflight_bytes=budget) as background:
         with grpc.insecure_channel(background.address) as channel:
             generate = pb_grpc.AttnServeStub(channel).Generate
@@ -153,6 +173,7 @@ def test_inflight_budget_refuses_what_does_not_fit_and_frees_it_after():
                 generate(large, timeout=WAIT)
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "--max-inflight-request-mb" in refused.value.details()
+            assert _rejected("fake-translate", "RESOURCE_EXHAUSTED", "inflight_bytes") == inflight + 1
             engine.gate.set()
             assert held.result().text == "babababa"
             assert generate(large, timeout=WAIT).text == "babababa"  # the bytes were given back
@@ -317,7 +338,8 @@ def test_a_corrupt_model_beside_a_healthy_one_is_skipped_and_reported(tiny_model
         stub = pb_grpc.AttnServeStub(ch)
         with pytest.raises(grpc.RpcError) as refused:
             stub.GetModel(pb.GetModelRequest(name="broken-model"), timeout=WAIT)
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "cannot load the graph" in refused.value.details()
+        # Not UNAVAILABLE, which clients retry; and the reason, naming the server's files, is only logged.
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "failed to load" in refused.value.details() and str(tmp_path) not in refused.value.details()
         request = pb.GenerateRequest(model=TINY, text=pb.TextInput(text="hello"))
         assert stub.Generate(request, timeout=WAIT).tokens

@@ -47,6 +47,29 @@ def test_highest_integer_version_wins(repo_copy):
     assert find_models(repo_copy)["tiny-translate"].version == 10
 
 
+def test_a_broken_newest_version_gives_way_to_the_newest_intact_one(repo_copy, caplog):
+    from attnserve.server.registry import load_engines
+
+    model = repo_copy / "tiny-translate"
+    for version in ("2", "3"):
+        shutil.copytree(model / "1", model / version)
+        edit_manifest(model / version, lambda d, v=version: d.update(version=int(v)))
+    (model / "3" / "manifest.json").write_text("{ not json")  # caught when the repository is read
+    decoder = next((model / "2").glob("decoder*.onnx"))
+    decoder.write_bytes(b"not an onnx graph")  # caught when the graphs load
+    assert find_models(repo_copy)["tiny-translate"].version == 2
+    registry = load_engines(repo_copy)
+    try:
+        assert registry.get("tiny-translate").info.version == 1
+    finally:
+        registry.close()
+    warnings = [r.getMessage() for r in caplog.records if "serving version" in r.getMessage()]
+    assert any("version 3 is broken" in w for w in warnings) and any("version 2 is broken" in w for w in warnings)
+    shutil.rmtree(model / "1")
+    with pytest.raises(ValueError, match="cannot load the graph"):  # nothing intact left: the newest's error
+        load_engines(repo_copy)
+
+
 def test_repository_problems_are_named(tmp_path, repo_copy):
     with pytest.raises(ValueError, match="model repository folder does not exist"):
         find_models(tmp_path / "nowhere")

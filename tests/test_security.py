@@ -114,6 +114,42 @@ def test_tls_files_that_cannot_be_read_name_the_flag(tmp_path):
         ServeOptions(tls_cert="server.crt")
 
 
+def test_swapped_or_mismatched_tls_files_are_named(pki):
+    key, cert, _, _ = pki["server"]
+    with pytest.raises(ValueError, match=r"--tls-key .*server.crt: holds no PEM PRIVATE KEY \(are --tls-cert and "
+                                         r"--tls-key swapped\?\)"):
+        security.server_credentials(security.TlsFiles(key, cert))
+    other_key = pki["client"][0]  # a key, but not the certificate's
+    engine = FakeEngine()
+    with pytest.raises(OSError, match="--tls-key is not the key of --tls-cert"):
+        app.BackgroundServer({engine.info.name: engine}, tls=security.TlsFiles(cert, other_key))
+
+
+def test_the_token_file_is_reloaded_when_it_changes(tmp_path, caplog):
+    token_file = tmp_path / "tokens"
+    token_file.write_text("first\n")
+    tokens = security.TokenFile(str(token_file), check_seconds=0)
+    engine = FakeEngine()
+
+    def outcome(channel, token: str) -> grpc.StatusCode:
+        try:
+            pb_grpc.AttnServeStub(channel).Generate(REQUEST, timeout=WAIT, metadata=[("authorization", f"Bearer {token}")])
+        except grpc.RpcError as error:
+            return error.code()
+        return grpc.StatusCode.OK
+
+    with app.BackgroundServer({engine.info.name: engine}, tokens=tokens) as background, \
+            grpc.insecure_channel(background.address) as channel:
+        assert outcome(channel, "first") == grpc.StatusCode.OK
+        token_file.write_text("first\nsecond-token\n")  # rotation: both for a while
+        assert outcome(channel, "second-token") == grpc.StatusCode.OK
+        token_file.write_text("second-token\n")
+        assert outcome(channel, "first") == grpc.StatusCode.UNAUTHENTICATED
+        token_file.write_text("# emptied by mistake\n")  # kept: no token would lock every client out
+        assert outcome(channel, "second-token") == grpc.StatusCode.OK
+    assert any("holds no token; the 1 tokens read before stay in force" in r.getMessage() for r in caplog.records)
+
+
 def test_bearer_tokens_guard_every_rpc_but_health(tmp_path):
     token_file = tmp_path / "tokens"
     token_file.write_text("# rotated monthly\nold-secret\n\nnew-secret\n")
@@ -142,7 +178,8 @@ def test_unauthenticated_generation_calls_are_counted_as_rejections():
     engine = FakeEngine()
 
     def counts() -> tuple[float, float]:
-        rejected = REGISTRY.get_sample_value("attnserve_rejected_requests_total", {"model": "", "reason": "unauthenticated"})
+        rejected = REGISTRY.get_sample_value("attnserve_rejected_requests_total", {"model": "", "code": "UNAUTHENTICATED",
+                                                                                "reason": "unauthenticated"})
         finished = REGISTRY.get_sample_value("attnserve_requests_total", {"model": "", "code": "UNAUTHENTICATED"})
         return rejected or 0.0, finished or 0.0
 

@@ -140,7 +140,7 @@ def test_list_and_get_model(served):
     "request_, code, message",
     [
         (pb.GenerateRequest(model="fake-translate"), grpc.StatusCode.INVALID_ARGUMENT, "missing input"),
-        (text_request(model="nope"), grpc.StatusCode.INVALID_ARGUMENT, "unknown model 'nope'; available: fake-"),
+        (text_request(model="nope"), grpc.StatusCode.NOT_FOUND, "unknown model 'nope'; available: fake-"),
         (text_request(target_language="fr"), grpc.StatusCode.INVALID_ARGUMENT, "unknown target language 'fr'"),
         (
             pb.GenerateRequest(model="fake-translate", text=pb.TextInput(text="a", source_language="de")),
@@ -178,10 +178,10 @@ def test_bad_requests_are_rejected_with_a_message(served, rpc, request_, code, m
     assert message in error.details()
 
 
-def test_get_unknown_model_is_invalid_argument(served):
+def test_get_unknown_model_is_not_found(served):
     stub, _, _ = served
     error = status_of(stub.GetModel, pb.GetModelRequest(name="nope"), timeout=WAIT)
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.code() == grpc.StatusCode.NOT_FOUND
     assert error.details() == "unknown model 'nope'; available: fake-translate"
 
 
@@ -340,7 +340,7 @@ def test_metrics_count_requests_by_model_and_code(served):
     stub, _, _ = served
     ok = {"model": "fake-translate", "code": "OK"}
     bad = {"model": "fake-translate", "code": "INVALID_ARGUMENT"}
-    unknown = {"model": "", "code": "INVALID_ARGUMENT"}
+    unknown = {"model": "", "code": "NOT_FOUND"}
     before = [_sample("attnserve_requests_total", **labels) for labels in (ok, bad, unknown)]
     durations = _sample("attnserve_request_duration_seconds_count", model="fake-translate")
     batch_sizes = _sample("attnserve_batch_size_sum", model="fake-translate")
@@ -508,7 +508,6 @@ def test_real_request_left_early_stops_decoding(held_server, rpc, how):
     "fields, message",
     [
         ({"text": pb.TextInput(text="")}, "empty"),
-        ({"model": "nope"}, "nope"),
         ({"target_language": "fr"}, "fr"),
         ({"text": pb.TextInput(text="hello " * 2000)}, "long"),
         ({"decoding": pb.DecodingOptions(max_new_tokens=100000)}, "100000"),
@@ -523,6 +522,12 @@ def test_real_bad_inputs_are_invalid_argument(real_server, fields, message):
     error = status_of(stub.Generate, _tiny_request(**fields), timeout=WAIT)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in error.details()
+
+
+def test_a_real_unknown_model_is_not_found(real_server):
+    stub, _ = real_server
+    error = status_of(stub.Generate, _tiny_request(model="nope"), timeout=WAIT)
+    assert error.code() == grpc.StatusCode.NOT_FOUND and "nope" in error.details()
 
 
 # ---- submitting off the event loop, binding ------------------------------------------------------------
@@ -629,3 +634,11 @@ def test_requests_that_do_not_parse_are_invalid_argument(served, rpc, mangle):
     error = status_of(call, raw, timeout=WAIT)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.details().startswith("the request cannot be parsed: Error parsing message")
+
+
+@pytest.mark.parametrize("remaining, counted_as_deadline", [(None, False), (0.05, False), (0.01, True), (-0.2, True)])
+def test_a_cancel_counts_as_the_deadline_only_within_the_transit_jitter_of_it(remaining, counted_as_deadline):
+    from attnserve.server import service
+
+    context = types.SimpleNamespace(time_remaining=lambda: remaining)
+    assert service._deadline_passed(context) is counted_as_deadline  # 50 ms before it: the caller's cancel

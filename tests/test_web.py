@@ -93,7 +93,7 @@ def test_audio_gets_words_and_time_columns(demo):
 @pytest.mark.parametrize(
     "query, body, content_type, status, code, message",
     [
-        ("model=nope", b'{"text": "abc"}', "application/json", 400, "INVALID_ARGUMENT", "unknown model 'nope'"),
+        ("model=nope", b'{"text": "abc"}', "application/json", 404, "NOT_FOUND", "unknown model 'nope'"),
         (f"model={TINY_MODEL_NAME}&to=en", b'{"text": ""}', "application/json", 400, "INVALID_ARGUMENT", "empty"),
         (f"model={TINY_MODEL_NAME}&to=en", b'{"text": "' + "力量".encode() * 50 + b'"}', "application/json",
          400, "INVALID_ARGUMENT", "accepts at most 48"),
