@@ -18,6 +18,7 @@ import pathlib
 
 import torch
 
+from attnserve.export.model_card import write_card
 from attnserve.export.speech.model import ListenAttendSpellConfig
 from attnserve.export.speech.model_card import closing_lines, ctc_lines, default_search_lines, listener_lines, score_lines
 
@@ -130,9 +131,7 @@ def main() -> None:
     card = render(load(args.checkpoint), load(args.start_weights), json.loads(args.scores.read_text()),
                   json.loads(args.real_stats.read_text()), json.loads(args.mix_stats.read_text()), args.model_dir,
                   args.before)
-    out = args.out or args.model_dir.parent / "README.md"
-    out.write_text(card)
-    print(f"wrote {out}")
+    write_card(args.out or args.model_dir.parent / "README.md", card)
 
 
 if __name__ == "__main__":

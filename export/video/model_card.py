@@ -15,7 +15,7 @@ import pathlib
 
 import torch
 
-from attnserve.export.model_card import size_table
+from attnserve.export.model_card import size_table, write_card
 from attnserve.export.video import clips
 from attnserve.export.video.model import VideoCaptionerConfig
 
@@ -127,8 +127,7 @@ def main() -> None:
     args = parser.parse_args()
     ckpt = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
     text = card(ckpt, json.loads(args.scores.read_text()), json.loads(args.parity.read_text()), args.model_dir)
-    (args.model_dir.parent / "README.md").write_text(text)
-    print(text)
+    write_card(args.model_dir.parent / "README.md", text)  # keeps a "How each version was made" section
 
 
 if __name__ == "__main__":
