@@ -34,10 +34,10 @@ from concurrent.futures import Future
 import numpy as np
 
 from attnserve.clients.client import AsyncClient
-from attnserve.server.app import BackgroundServer
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import ModelEngine
-from attnserve.server.registry import load_engines
+from attnserve.server.edge.app import BackgroundServer
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.engine import ModelEngine
+from attnserve.server.engine.registry import load_engines
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
@@ -45,7 +45,7 @@ from attnserve.server.generation import (
     GenerationRequest,
     GenerationResult,
 )
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.model.runtime import RuntimeOptions
 
 # (source text, target language): short UI strings to long sentences, in both directions.
 SENTENCES = [

@@ -16,13 +16,13 @@ import time
 
 import numpy as np
 
-from attnserve.server.batch import Batch
+from attnserve.server.decoding.batch import Batch
 from attnserve.server.generation import GenerationRequest
-from attnserve.server.log_softmax import log_softmax
-from attnserve.server.preprocessors import create
-from attnserve.server.repository import find_models, open_runtime
-from attnserve.server.search import chosen_logprobs
-from attnserve.server.tokenization import Tokenizer
+from attnserve.server.decoding.log_softmax import log_softmax
+from attnserve.server.inputs.preprocessors import create
+from attnserve.server.model.repository import find_models, open_runtime
+from attnserve.server.decoding.search import chosen_logprobs
+from attnserve.server.model.tokenization import Tokenizer
 
 SENTENCE = "Open the File menu, then choose Save to keep the current document."
 

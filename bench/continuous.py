@@ -15,11 +15,11 @@ import argparse
 import statistics
 import time
 
-from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.generation import DecodingOptions, GenerationRequest
-from attnserve.server.registry import load_engines
-from attnserve.server.runtime import RuntimeOptions
-from attnserve.server.scheduler import SchedulingOptions
+from attnserve.server.engine.registry import load_engines
+from attnserve.server.model.runtime import RuntimeOptions
+from attnserve.server.engine.scheduler import SchedulingOptions
 
 LONG_SOURCE = "Cannot open the file because it is being used by another program. " * 3
 SHORT_SOURCE = "Save"

@@ -42,11 +42,11 @@ import sentences  # bench/, beside this script
 
 from attnserve.export.model import Transformer, TransformerConfig, sinusoidal_positions
 from attnserve.export.recover_weights import recover
-from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.generation import GenerationRequest
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 
 WAIT = 900  # seconds; only a bound against hanging
 LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which the model was trained with

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/device_transfers.py --clients 32 --sentences 128 --out device_transfers.json
 
-What IO binding (server/device_state.py) is for is the transfer volume on a GPU; the volume itself does not
+What IO binding (server/decoding/device_state.py) is for is the transfer volume on a GPU; the volume itself does not
 depend on the device, so this runs on the CPU provider with `io_binding=True` and counts both sides of the
 same run: every decoder step's feeds (what the CUDA provider copies in at every step without IO binding)
 and what the bound path copied in (whole tensors when a batch is gathered afresh or its cache reallocated,
@@ -22,9 +22,9 @@ import threading
 from gpu_serving import read_requests  # bench/ is the script's folder
 
 from attnserve.server.generation import GenerationRequest
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 
 
 def run_clients(engine, requests: list[GenerationRequest], clients: int) -> None:

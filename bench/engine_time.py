@@ -4,7 +4,7 @@
     .venv/bin/python bench/engine_time.py                       # translate-zh-en, 32 clients, 15 s
     .venv/bin/python bench/engine_time.py --clients 8 --seconds 30
 
-Each row is an operation of server/batch.py (the encoder and decoder calls inside `build` and `step`
+Each row is an operation of server/decoding/batch.py (the encoder and decoder calls inside `build` and `step`
 are also shown alone): its share of the wall time, how often it ran and its mean time per call. The
 operations are wrapped in place for the run, which adds about a microsecond per call. Requests admitted while
 a batch runs are encoded on a second thread (`build`) beside the decoder steps, so the shares can add up to
@@ -22,9 +22,10 @@ import threading
 import time
 
 from attnserve.export.train import read_pairs
-from attnserve.server import batch, kv_cache, runtime, slots
+from attnserve.server.decoding import batch, kv_cache, slots
+from attnserve.server.model import runtime
 from attnserve.server.generation import GREEDY, GenerationRequest
-from attnserve.server.registry import open_model
+from attnserve.server.engine.registry import open_model
 
 TIMED = [(batch.Batch, "build"), (batch.Batch, "step"), (batch.Batch, "select"), (batch.Batch, "merge"),
          (runtime.Runtime, "encode"), (runtime.Runtime, "decode_step"), (kv_cache.AppendCache, "gather"),

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from test_fuzz import ALLOWED, SETTINGS, _validate, requests  # noqa: E402
 
-from attnserve.server import app, errors  # noqa: E402
+from attnserve.server.edge import app, errors  # noqa: E402
 from attnserve.v1 import attnserve_pb2 as pb  # noqa: E402
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc  # noqa: E402
 

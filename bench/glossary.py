@@ -18,11 +18,11 @@ import time
 
 import sacrebleu
 
-from attnserve.server import glossary
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.registry import load_engines
+from attnserve.server.decoding import glossary
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.registry import load_engines
 from attnserve.server.generation import DecodingOptions, GenerationRequest
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.model.runtime import RuntimeOptions
 
 HERE = pathlib.Path(__file__).resolve().parent
 MODEL = "translate-zh-en"

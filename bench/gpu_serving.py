@@ -6,7 +6,7 @@ same tokens, and tokens/s at batch 1, 32 and 128.
 
 Every device serves the same model version through `load_engine`, as `attnserve serve --device` does (one
 intra-op thread on the CPU). A device is `cpu` or `cuda`, with IO binding as `--io-binding auto` has it (on
-for cuda: encoder K/V and K/V cache stay on the GPU between steps, server/device_state.py), or suffixed
+for cuda: encoder K/V and K/V cache stay on the GPU between steps, server/decoding/device_state.py), or suffixed
 `-bound` (on) or `-host` (off: every input copied in at every step). Parity: `--sentences` test-split
 sentences in each direction, greedy, each device's output text compared with the first device's. A device
 that fails is reported with its error, and the others still run.
@@ -23,12 +23,12 @@ import pathlib
 import time
 import traceback
 
-from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.generation import DecodingOptions, GenerationRequest
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
-from attnserve.server.scheduler import SchedulingOptions
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
+from attnserve.server.engine.scheduler import SchedulingOptions
 
 
 def read_requests(split: pathlib.Path, model: str, count: int) -> list[GenerationRequest]:

@@ -80,10 +80,10 @@ async def served(address: str, texts: list[str], max_new: int) -> list[list[str]
 def in_process(repo: pathlib.Path, texts: list[str], max_new: int, seconds: float) -> dict:
     """The engine alone, in this process: every sentence submitted at once (continuous batching, up to 32
     rows), repeated for `seconds`, as bench/ctranslate2_compare.py's batch_32: no gRPC, no clients."""
-    from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.registry import load_engine
-    from attnserve.server.repository import find_models
-    from attnserve.server.runtime import RuntimeOptions
+    from attnserve.server.engine.batcher import BatchingOptions
+    from attnserve.server.engine.registry import load_engine
+    from attnserve.server.model.repository import find_models
+    from attnserve.server.model.runtime import RuntimeOptions
 
     started = time.perf_counter()
     engine = load_engine(find_models(repo)[NAME], RuntimeOptions(), BatchingOptions())

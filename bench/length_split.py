@@ -20,11 +20,11 @@ import statistics
 import time
 
 import sentences  # bench/, beside this script
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
-from attnserve.server.scheduler import SchedulingOptions
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
+from attnserve.server.engine.scheduler import SchedulingOptions
 
 WAIT = 600
 

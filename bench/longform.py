@@ -33,12 +33,12 @@ from attnserve.export.speech.engines import Flite
 from attnserve.export.speech.scoring import error_rate
 from attnserve.export.speech.synthesizer import Request
 from attnserve.export.speech.text import select
-from attnserve.server import app
-from attnserve.server.audio import resample
-from attnserve.server.registry import load_engine
+from attnserve.server.edge import app
+from attnserve.server.inputs.audio import resample
+from attnserve.server.engine.registry import load_engine
 from attnserve.server.generation import DecodingOptions, GenerationResult
-from attnserve.server.longform import LongFormEngine, LongFormOptions
-from attnserve.server.repository import find_models
+from attnserve.server.engine.longform import LongFormEngine, LongFormOptions
+from attnserve.server.model.repository import find_models
 
 RATE = 16000
 NAME = "speech-en"

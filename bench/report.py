@@ -44,7 +44,7 @@ def run(script: str, *arguments: str) -> None:
 
 def int8_copy(models: pathlib.Path, model: str, into: pathlib.Path) -> pathlib.Path:
     """A repository holding the newest version of `model` with its int8 variant."""
-    from attnserve.server.repository import find_models
+    from attnserve.server.model.repository import find_models
 
     version = find_models(models, only=[model])[model]
     target = into / model / str(version.version)

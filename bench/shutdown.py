@@ -23,7 +23,7 @@ import grpc
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from served_process import served  # noqa: E402
 
-from attnserve.server.app import CLOSE_SECONDS  # noqa: E402
+from attnserve.server.edge.app import CLOSE_SECONDS  # noqa: E402
 from attnserve.v1 import attnserve_pb2 as pb  # noqa: E402
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc  # noqa: E402
 

@@ -8,7 +8,7 @@ One `Batch` of the same English sentence, batch 1 and 32, is stepped 210 times w
 search, no early end), one intra-op thread, and every step is timed; each repeat runs every repository in
 turn. The table gives the median step time over positions 5-14, 95-104 and 195-204 and the ratio of the
 last to the first: flat (about 1) when nothing is copied per step, rising with the position when the cache
-is (server/kv_cache.py).
+is (server/decoding/kv_cache.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import time
 
 import numpy as np
 
-from attnserve.server.batch import Batch
+from attnserve.server.decoding.batch import Batch
 from attnserve.server.generation import GenerationRequest
-from attnserve.server.registry import open_model
+from attnserve.server.engine.registry import open_model
 
 SENTENCE = "The file could not be opened because it is in use by another program."
 STEPS = 210

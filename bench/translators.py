@@ -23,17 +23,17 @@ import time
 
 import numpy as np
 
-from attnserve.server.batch import Batch
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.decoding import decode
-from attnserve.server.engine import ModelEngine
+from attnserve.server.decoding.batch import Batch
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.decoding.decoding import decode
+from attnserve.server.engine.engine import ModelEngine
 from attnserve.server.generation import DecodingOptions, GenerationRequest
-from attnserve.server.prepared import PreparedRequest
-from attnserve.server.preprocessing import TextSource
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
-from attnserve.server.search import GreedySearch
+from attnserve.server.decoding.prepared import PreparedRequest
+from attnserve.server.inputs.preprocessing import TextSource
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
+from attnserve.server.decoding.search import GreedySearch
 
 # Output positions whose step time is reported (each bucket's median over the steps in it).
 POSITION_BUCKETS = [(0, 16), (16, 64), (64, 128), (128, 256)]

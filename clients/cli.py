@@ -133,8 +133,8 @@ _BEAM_HELP = ("1 = greedy search, more = beam search, up to the server's limit (
 
 def _add_serve(commands) -> None:
     serve = commands.add_parser("serve", help="serve a model repository over gRPC")
-    # The flags and their defaults live beside the server's options (server/serve_options.py).
-    from attnserve.server import serve_options
+    # The flags and their defaults live beside the server's options (server/edge/serve_options.py).
+    from attnserve.server.edge import serve_options
 
     serve_options.add_arguments(serve)
     serve.set_defaults(run=_serve)
@@ -319,7 +319,7 @@ def _png_path(value: str) -> str:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from attnserve.server import app, serve_options  # app needs ONNX Runtime, which client-only installs lack
+    from attnserve.server.edge import app, serve_options  # app needs ONNX Runtime, which client-only installs lack
 
     try:
         app.run(serve_options.from_args(args))

@@ -2,7 +2,7 @@
 looked at most, each with the word's attention over its cells drawn as a heatmap (Pillow).
 
 A video model's attention columns are (frame, cell) pairs labelled "f<t>@<seconds>s:r<row>c<col>:x0,y0,x1,y1"
-(server/video.py): frame t shows the clip at that time, the cell is a box of the model's input frame. The
+(server/inputs/video.py): frame t shows the clip at that time, the cell is a box of the model's input frame. The
 strip shows the clip's own frames at those times, decoded here as the server decodes them (PyAV for files,
 Pillow for stills), the frame showing at each time; the client imports nothing of the server's decoding (the
 layer rule: clients carry only the shared request/response contract).

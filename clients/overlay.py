@@ -1,7 +1,7 @@
 """Per-word attention heatmaps over the captioned image, drawn with Pillow: one labelled panel per word.
 
 An image model's attention columns are grid cells labelled "r<row>c<col>:x0,y0,x1,y1" with their pixel box
-in the model's input (server/image.py). The server squeezed the whole image into that input, so a box maps
+in the model's input (server/inputs/image.py). The server squeezed the whole image into that input, so a box maps
 back onto the original by scaling each axis by the original's size over the input's (the input's size is
 the largest x1 and y1). Each panel shows the original with the word's attention as a heatmap (weights over
 the row's largest, bilinearly smoothed between cell centres, drawn as a translucent warm colour) and the

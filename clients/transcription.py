@@ -1,7 +1,7 @@
 """`attnserve transcribe`'s work beside the call: a long recording's progress bar, and its subtitle files.
 
 A recording longer than the model's window is transcribed segment by segment on the server
-(server/longform.py); its stream sends each segment as soon as it is done, so the bar counts segments and
+(server/engine/longform.py); its stream sends each segment as soon as it is done, so the bar counts segments and
 the audio they cover. Segments finish in any order (they decode together), so the bar counts, it does not
 print text.
 """

@@ -38,9 +38,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from attnserve.export import dictionary as cedict
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine import ModelEngine
-from attnserve.server.registry import load_engine
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.engine import ModelEngine
+from attnserve.server.engine.registry import load_engine
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
@@ -48,8 +48,8 @@ from attnserve.server.generation import (
     GenerationRequest,
     GenerationResult,
 )
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 
 # Direction -> (source column of the split's `en<TAB>zh` lines, source language, target language).
 DIRECTIONS = {"en->zh-TW": (0, "en", "zh-TW"), "zh-TW->en": (1, "zh-TW", "en")}

@@ -60,8 +60,8 @@ def translate_served(
 
 def open_engine(repository: pathlib.Path, name: str, variant: str | None = None):
     """One served model of a repository, as `attnserve serve [--variant]` runs it (only that model is loaded)."""
-    from attnserve.server.registry import open_model
-    from attnserve.server.runtime import RuntimeOptions
+    from attnserve.server.engine.registry import open_model
+    from attnserve.server.model.runtime import RuntimeOptions
 
     return open_model(repository, name, RuntimeOptions(variant=variant))
 

@@ -1,4 +1,4 @@
-"""Builds a token n-gram language model (server/ngram_lm.py) from token sequences: interpolated Witten-Bell
+"""Builds a token n-gram language model (server/decoding/ngram_lm.py) from token sequences: interpolated Witten-Bell
 estimates (Witten & Bell 1991), the usual choice for character LMs, with rare contexts pruned.
 
     p_0(w)     = (c(w) + 1) / (N + V)                                   add-one over the whole vocabulary
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnserve.server.ngram_lm import NgramLanguageModel
+from attnserve.server.decoding.ngram_lm import NgramLanguageModel
 
 
 def _windows(sequences: Sequence[Sequence[int]], order: int, start_id: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -2,20 +2,20 @@
 
     python -m attnserve.export.server_graphs            # rewrites them; tests check they are current
 
-- server/log_softmax.onnx: LogSoftmax over the last axis of a (rows, vocabulary) float32 tensor. The decode
-  loop turns each step's scores into log-probabilities with it (server/log_softmax.py): ONNX Runtime's kernel
+- server/decoding/log_softmax.onnx: LogSoftmax over the last axis of a (rows, vocabulary) float32 tensor. The decode
+  loop turns each step's scores into log-probabilities with it (server/decoding/log_softmax.py): ONNX Runtime's kernel
   is vectorised where numpy's float32 `exp` is not.
-- server/cache_append.onnx: `updated = Where(slot, new, past)`, a step's new slot written into an
-  appended-state buffer kept on the device (server/device_state.py). `new` is the slot (length 1 on the time
+- server/decoding/cache_append.onnx: `updated = Where(slot, new, past)`, a step's new slot written into an
+  appended-state buffer kept on the device (server/decoding/device_state.py). `new` is the slot (length 1 on the time
   axis), `slot` a boolean of the buffer's rank, True at the slot written and length 1 on every other axis;
   broadcasting does the rest, for any rank and time axis.
-- server/grow_cache.onnx: `Pad(Slice(past, cut, used), spare)` along the time axis: stacked cache buffers
+- server/decoding/grow_cache.onnx: `Pad(Slice(past, cut, used), spare)` along the time axis: stacked cache buffers
   kept on the device reallocated as the host's are (leading slots no row attends cut, spare slots added).
-- server/copy_rows.onnx: `ScatterND(data, targets, GatherND(data, sources))`: rows of tensors stacked on the
+- server/decoding/copy_rows.onnx: `ScatterND(data, targets, GatherND(data, sources))`: rows of tensors stacked on the
   device copied into others there (beams kept twice, rows moved into free slots), (tensor, row) pairs.
-- server/write_rows.onnx: `updated = ScatterND(data, rows, values)`: rows of tensors stacked on the device
+- server/decoding/write_rows.onnx: `updated = ScatterND(data, rows, values)`: rows of tensors stacked on the device
   (`rows` holds (tensor, row) pairs) rewritten from the host (rows joining a batch, beams copied:
-  server/device_state.py).
+  server/decoding/device_state.py).
 
 Serving needs no `onnx` package, so the graphs are committed.
 """
@@ -28,7 +28,7 @@ import pathlib
 import onnx
 from onnx import TensorProto, helper
 
-SERVER = pathlib.Path(__file__).resolve().parents[1] / "server"
+SERVER = pathlib.Path(__file__).resolve().parents[1] / "server" / "decoding"
 
 
 def log_softmax() -> onnx.ModelProto:
@@ -85,7 +85,7 @@ def copy_rows() -> onnx.ModelProto:
     )
 
 
-# File name under server/ -> the function that builds it.
+# File name under server/decoding/ -> the function that builds it.
 GRAPHS = {"log_softmax.onnx": log_softmax, "cache_append.onnx": cache_append, "write_rows.onnx": write_rows,
           "grow_cache.onnx": grow_cache, "copy_rows.onnx": copy_rows}
 

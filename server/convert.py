@@ -19,7 +19,7 @@ DEFAULT_PORT = 50051
 # gRPC's 4 MiB default receive limit would be the first thing to break for long audio.
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 # What a client may send: a long-form recording up to the servers' default long_form_max_bytes (128 MiB,
-# server/longform.py) with room for the request around it. Each server refuses what its models cannot use.
+# server/engine/longform.py) with room for the request around it. Each server refuses what its models cannot use.
 MAX_REQUEST_BYTES = 160 * 1024 * 1024
 
 _FINISH_REASONS = {

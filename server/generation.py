@@ -46,10 +46,10 @@ class DecodingOptions:
     # Sample instead of searching (greedy only: beam_size 1); None = the deterministic search.
     sampling: SamplingOptions | None = None
     # > 0: rerank the beam's candidates by their score (log-probability / length) + reverse_weight x
-    # log p(source | candidate), the same model translating each candidate back (server/reranking.py).
+    # log p(source | candidate), the same model translating each candidate back (server/engine/reranking.py).
     # Beam search on a model that translates both ways; not streamed. 0 = the beam's own order.
     reverse_weight: float = 0.0
-    # Terminology constraints: (source term, required target term) pairs, sorted (server/glossary.py).
+    # Terminology constraints: (source term, required target term) pairs, sorted (server/decoding/glossary.py).
     # use_default_glossary: also the model's default glossary, these pairs winning where both name a term.
     glossary: tuple[tuple[str, str], ...] = ()
     use_default_glossary: bool = False
@@ -192,7 +192,7 @@ class StreamedToken:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionExplanation:
-    """Summaries read off an attention matrix (server/explanation.py; docs/api.md, "Explanations")."""
+    """Summaries read off an attention matrix (server/attention/explanation.py; docs/api.md, "Explanations")."""
 
     # Per row: the column it attended to most (a hard alignment of each output piece or word).
     alignment: list[int]
@@ -236,7 +236,7 @@ class FinishReason(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class TranscriptSegment:
     """One stretch of a recording longer than the model's window, cut at pauses and transcribed alone
-    (server/longform.py). A stream yields each as soon as it is transcribed; the result lists them all."""
+    (server/engine/longform.py). A stream yields each as soon as it is transcribed; the result lists them all."""
 
     index: int  # position among the recording's segments, in time order, counted from 0
     count: int  # how many segments the recording was cut into
@@ -290,7 +290,7 @@ class GenerationResult:
     finish_reason: FinishReason
     attention: AttentionMatrix | None
     timings: Timings
-    # Audio input: each word's time span, read from the attention (server/timestamps.py); else empty.
+    # Audio input: each word's time span, read from the attention (server/attention/timestamps.py); else empty.
     words: list[WordTiming] = dataclasses.field(default_factory=list)
     # DecodingOptions.num_return_sequences > 1: the best sequences, best first (the first is the output
     # above); at most that many, fewer when the model can produce fewer. Else empty.
@@ -323,7 +323,7 @@ class AudioInputInfo:
     max_bytes: int  # largest accepted WAV file (raw samples count 4 bytes each)
     seconds_per_column: float  # time one attention column spans (frame shift x the encoder's time reduction)
     # Long-form: audio longer than max_seconds, up to this long, is cut at pauses and transcribed segment by
-    # segment (server/longform.py); 0 = not accepted (an older server, or a model it does not cut).
+    # segment (server/engine/longform.py); 0 = not accepted (an older server, or a model it does not cut).
     long_form_max_seconds: float = 0.0
     # The largest long-form AudioInput data, in bytes (one hour of 16 kHz 16-bit mono WAV fits).
     long_form_max_bytes: int = 0
@@ -396,7 +396,7 @@ def resolved_beam_size(options: DecodingOptions, default: int) -> int:
     return max(default, options.num_return_sequences, 1)
 
 
-# Errors raised by core code. The gRPC edge maps each type to one status code (see server/errors.py):
+# Errors raised by core code. The gRPC edge maps each type to one status code (see server/edge/errors.py):
 # InputTooLargeError -> OUT_OF_RANGE, ValueError -> INVALID_ARGUMENT, NotImplementedError -> UNIMPLEMENTED,
 # OverloadedError -> RESOURCE_EXHAUSTED, UnavailableError -> UNAVAILABLE, TimeoutError -> DEADLINE_EXCEEDED,
 # else INTERNAL.

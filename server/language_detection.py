@@ -7,7 +7,7 @@ zh-TW on translate-zh-en. A model with one target language gets that one. When t
 (no letters, a script none of the model's languages is written in, or two source languages sharing it,
 such as two Latin-script ones), the model's first target language is used, as for audio and images.
 
-Shared by the server (server/engine.py) and the clients (clients/languages.py asks the same question with
+Shared by the server (server/engine/engine.py) and the clients (clients/languages.py asks the same question with
 a ModelInfo), so both ends choose alike; it imports nothing but the standard library.
 """
 

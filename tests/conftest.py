@@ -86,7 +86,7 @@ def fake_server():
     """(BackgroundServer, FakeEngine): one fake model, "fake-translate", served in process per test module."""
     from fakes import FakeEngine
 
-    from attnserve.server import app
+    from attnserve.server.edge import app
 
     engine = FakeEngine()
     with app.BackgroundServer({engine.info.name: engine}) as background:
@@ -104,7 +104,7 @@ def fake_engine(fake_server):
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_repo):
     """(BackgroundServer, engines by name): the tiny model served in process, as `attnserve serve` would."""
-    from attnserve.server import app
+    from attnserve.server.edge import app
 
     engines = app.load_engines(app.ServeOptions(models=str(tiny_model_repo)))
     with app.BackgroundServer(engines) as background:

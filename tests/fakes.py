@@ -12,7 +12,8 @@ import dataclasses
 import pathlib
 import threading
 
-from attnserve.server import generation, serve_options
+from attnserve.server import generation
+from attnserve.server.edge import serve_options
 from attnserve.server.generation import GenerationResult, ModelInfo, StreamedToken, Token
 
 WAIT = 30  # seconds; only guards against hangs, never measures anything
@@ -192,10 +193,10 @@ def recording_engine(repository: pathlib.Path, name: str, batching=None, wrap=No
     Returns:
         (engine, recording runtime); close the engine when done.
     """
-    from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.engine import ModelEngine
-    from attnserve.server.repository import find_models, open_runtime
-    from attnserve.server.tokenization import Tokenizer
+    from attnserve.server.engine.batcher import BatchingOptions
+    from attnserve.server.engine.engine import ModelEngine
+    from attnserve.server.model.repository import find_models, open_runtime
+    from attnserve.server.model.tokenization import Tokenizer
 
     version = find_models(repository)[name]
     manifest = version.manifest
@@ -219,7 +220,7 @@ def batching(mode: str, max_batch_size: int = 16):
     The windowed mode waits for no window: the requests queued while the worker was held are all there
     when it takes its next batch, so they fill it up to `max_batch_size` at once.
     """
-    from attnserve.server.batcher import BatchingOptions
+    from attnserve.server.engine.batcher import BatchingOptions
 
     if mode == "window":
         return BatchingOptions(max_batch_size, window_ms=0.0, continuous=None)
@@ -254,9 +255,9 @@ def held(engine, gate: generation.GenerationRequest):
 def generate_together(repo, name: str, mode: str, requests) -> list:
     """Results of `requests` decoded as one batch by a fresh engine for model `name` of `repo` (batching
     `mode`), asserting that they did share one batch."""
-    from attnserve.server.registry import load_engine
-    from attnserve.server.repository import find_models
-    from attnserve.server.runtime import RuntimeOptions
+    from attnserve.server.engine.registry import load_engine
+    from attnserve.server.model.repository import find_models
+    from attnserve.server.model.runtime import RuntimeOptions
 
     engine = load_engine(find_models(repo)[name], RuntimeOptions(), batching(mode, len(requests)))
     try:

@@ -15,7 +15,7 @@ from aiohttp import web
 from attnserve.clients.client import Client
 from attnserve.clients.web import gateway
 from attnserve.clients.web.http_options import HttpOptions
-from attnserve.server import app
+from attnserve.server.edge import app
 from fakes import WAIT
 
 

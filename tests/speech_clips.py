@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from attnserve.server.audio import read_wav, resample
+from attnserve.server.inputs.audio import read_wav, resample
 
 RATE = 16000
 

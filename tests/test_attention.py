@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnserve.server.attention import attention_matrix, combine_heads, merge_words
+from attnserve.server.attention.attention import attention_matrix, combine_heads, merge_words
 from attnserve.server.generation import AttentionReduction
-from attnserve.server.tokenization import Words
+from attnserve.server.model.tokenization import Words
 
 
 def random_attention(steps=5, layers=3, heads=4, sources=6, seed=0):

@@ -1,4 +1,4 @@
-"""Audio input (server/audio.py): WAV parsing, resampling, the audio preprocessor's checks and limits, its
+"""Audio input (server/inputs/audio.py): WAV parsing, resampling, the audio preprocessor's checks and limits, its
 padding, and the time span labels of attention columns. No model is needed: the preprocessor reads only the
 manifest (tests/test_speech.py serves a real audio model)."""
 
@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from attnserve.server import audio
-from attnserve.server.audio import AudioPreprocessor, read_wav, resample
-from attnserve.server.features import log_mel
+from attnserve.server.inputs import audio
+from attnserve.server.inputs.audio import AudioPreprocessor, read_wav, resample
+from attnserve.server.inputs.features import log_mel
 from attnserve.server.generation import (
     AudioInput,
     GenerationRequest,
@@ -20,7 +20,7 @@ from attnserve.server.generation import (
     InputTooLargeError,
     ModelInfo,
 )
-from attnserve.server.manifest import parse_manifest
+from attnserve.server.model.manifest import parse_manifest
 from fakes import speller_manifest, wav_bytes
 
 RATE = 16000
@@ -234,7 +234,7 @@ def test_describe_states_the_kind_and_limits(pre):
     assert info.input_kind is InputKind.AUDIO and info.image is None
     assert dataclasses.asdict(info.audio) == {
         "sample_rate_hz": 16000, "max_seconds": 2.0, "max_bytes": 400_000, "seconds_per_column": pytest.approx(0.04),
-        # Long-form limits and other formats are the server's (server/longform.py), not the preprocessor's.
+        # Long-form limits and other formats are the server's (server/engine/longform.py), not the preprocessor's.
         "long_form_max_seconds": 0.0, "long_form_max_bytes": 0, "formats": (),
     }
     assert info.max_source_tokens == math.ceil(198 / 4)  # 2 s: 198 frames

@@ -1,4 +1,4 @@
-"""server/audio_files.py: the formats people have decode to the samples they hold; bad files are named."""
+"""server/inputs/audio_files.py: the formats people have decode to the samples they hold; bad files are named."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import io
 import numpy as np
 import pytest
 
-from attnserve.server import audio_files
+from attnserve.server.inputs import audio_files
 from fakes import wav_bytes
 
 RATE = 16000
@@ -86,7 +86,7 @@ def test_wav_is_read_by_the_servers_own_parser():
 
 
 def test_a_long_stereo_wav_decodes_block_by_block_to_the_parsers_samples():
-    from attnserve.server.audio import read_wav
+    from attnserve.server.inputs.audio import read_wav
 
     x = np.tile(chirp(channels=2), (10, 1))  # 20 s: more than one block of frames
     data = wav_bytes(x, RATE)

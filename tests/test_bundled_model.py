@@ -9,8 +9,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.registry import load_engines
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.registry import load_engines
 from attnserve.server.generation import (
     GREEDY,
     AttentionGranularity,
@@ -18,7 +18,7 @@ from attnserve.server.generation import (
     DecodingOptions,
     GenerationRequest,
 )
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.model.runtime import RuntimeOptions
 
 pytestmark = pytest.mark.bundled
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from attnserve.export.speech.scoring import error_rate
-from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.generation import AudioInput, DecodingOptions, GenerationRequest
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 
 pytestmark = pytest.mark.bundled
 

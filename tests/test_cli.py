@@ -206,7 +206,7 @@ def _fake(name: str, sources: list[str], targets: list[str], **info):
 @pytest.fixture(scope="module")
 def other_languages():
     """(address, engines): fakes for ja <-> en, en -> fr, de <-> en, and an audio model."""
-    from attnserve.server import app
+    from attnserve.server.edge import app
     from attnserve.server.generation import AudioInputInfo, InputKind
 
     speech = AudioInputInfo(sample_rate_hz=16000, max_seconds=30.0, max_bytes=1048576, seconds_per_column=0.04)

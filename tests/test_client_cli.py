@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from attnserve.clients import cli
 from attnserve.clients.client import Client, audio_request
-from attnserve.server import app
+from attnserve.server.edge import app
 from conftest import TINY_MODEL_NAME, TINY_SPEECH_NAME
 from fakes import WAIT, FakeEngine, wav_bytes
 from served_process import free_port

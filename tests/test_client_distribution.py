@@ -123,7 +123,7 @@ async def call_async():
     async with AsyncClient("{address}", timeout=30) as client:
         return await client.translate("Knowledge is power.", to="zh-TW", model="{model}", max_new_tokens=3)
 
-heavy = ("numpy", "onnxruntime", "torch", "tokenizers", "attnserve.server.engine", "grpc_health")
+heavy = ("numpy", "onnxruntime", "torch", "tokenizers", "attnserve.server.engine.engine", "grpc_health")
 print(json.dumps({{
     "client": sys.modules["attnserve.clients.client"].__file__,
     "models": models,

@@ -27,7 +27,7 @@ WIDE = 200  # columns: side by side fits
 @pytest.fixture(scope="module")
 def two_models():
     """(address, engines by name): both fake translators and a fake captioning model, served in process."""
-    from attnserve.server import app
+    from attnserve.server.edge import app
 
     captioner = FakeEngine("fake-caption")
     captioner.info = dataclasses.replace(captioner.info, task="image-captioning")

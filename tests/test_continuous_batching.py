@@ -19,8 +19,8 @@ from concurrent.futures import CancelledError
 import numpy as np
 import pytest
 
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.registry import load_engine
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.registry import load_engine
 from attnserve.server.generation import (
     AttentionOptions,
     AudioInput,
@@ -29,9 +29,9 @@ from attnserve.server.generation import (
     ImageInput,
     SamplingOptions,
 )
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
-from attnserve.server.scheduler import SchedulingOptions
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
+from attnserve.server.engine.scheduler import SchedulingOptions
 from conftest import TINY_MODEL_NAME, TINY_SPEECH_NAME
 from fakes import MIXED_TEXTS, WAIT, recording_engine
 
@@ -139,7 +139,7 @@ def architecture(kind, repos, runtime=RuntimeOptions(), options=CONTINUOUS):
     return (*engines(repo, name, options, runtime), lambda i, **kw: text(name, i, **kw))
 
 
-# How the continuous engine feeds its decoder: host arrays at every step, or IO binding (server/device_state.py,
+# How the continuous engine feeds its decoder: host arrays at every step, or IO binding (server/decoding/device_state.py,
 # the CUDA default) keeping the encoder K/V and K/V cache in device copies, here on the CPU provider.
 FEEDS = {"host feeds": RuntimeOptions(), "io binding": RuntimeOptions(io_binding=True)}
 
@@ -347,7 +347,7 @@ def test_the_running_batch_keeps_stepping_while_newcomers_are_encoded(tiny_model
 
 
 def test_admission_bounds_rows_but_never_blocks_an_empty_lane():
-    from attnserve.server.scheduler import Scheduler
+    from attnserve.server.engine.scheduler import Scheduler
 
     fits = Scheduler(SchedulingOptions(max_rows=8), max_admit=3).admission()
     assert [fits(rows) for rows in (16, 1)] == [True, False]  # wider than the limit: alone, on an empty lane
@@ -358,7 +358,7 @@ def test_admission_bounds_rows_but_never_blocks_an_empty_lane():
 
 
 def parse_serve_flags(*flags: str):
-    from attnserve.server import serve_options
+    from attnserve.server.edge import serve_options
 
     parser = __import__("argparse").ArgumentParser()
     serve_options.add_arguments(parser)
@@ -366,7 +366,7 @@ def parse_serve_flags(*flags: str):
 
 
 def test_serve_batches_continuously_unless_told_to_use_the_window():
-    from attnserve.server.serve_options import ServeOptions
+    from attnserve.server.edge.serve_options import ServeOptions
 
     assert parse_serve_flags().batching == "continuous"
     assert parse_serve_flags("--batching", "window").batching == "window"
@@ -378,7 +378,7 @@ def test_serve_batches_continuously_unless_told_to_use_the_window():
 
 
 def test_the_serve_flag_moves_encoding_onto_the_decode_thread(tiny_model_repo):
-    from attnserve.server import app
+    from attnserve.server.edge import app
 
     assert parse_serve_flags().overlap_encoding and not parse_serve_flags("--inline-encoding").overlap_encoding
     options = app.ServeOptions(models=str(tiny_model_repo), overlap_encoding=False)
@@ -394,7 +394,7 @@ def test_served_over_grpc_streamed_equals_unary_equals_the_windowed_server(tiny_
     from concurrent.futures import ThreadPoolExecutor
 
     from attnserve.clients.client import Client, translation_request
-    from attnserve.server import app
+    from attnserve.server.edge import app
 
     requests = [translation_request(t, attention=True, granularity="pieces", model=TINY_MODEL_NAME,
                                     beam_size=1 + i % 3, max_new_tokens=12) for i, t in enumerate(MIXED_TEXTS)]
@@ -423,7 +423,7 @@ def test_served_over_grpc_streamed_equals_unary_equals_the_windowed_server(tiny_
 def test_a_deadline_passing_mid_flight_frees_the_row_and_spares_the_neighbour(tiny_model_repo):
     import grpc
 
-    from attnserve.server import app
+    from attnserve.server.edge import app
     from attnserve.v1 import attnserve_pb2 as pb
     from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 

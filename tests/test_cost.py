@@ -1,4 +1,4 @@
-"""Deadline-aware admission (server/cost.py): the estimate follows what the model was seen to do, what
+"""Deadline-aware admission (server/engine/cost.py): the estimate follows what the model was seen to do, what
 cannot finish before its deadline is refused at once with a retry hint, and the rest is admitted."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from attnserve.server import app
-from attnserve.server.cost import CostModel
+from attnserve.server.edge import app
+from attnserve.server.engine.cost import CostModel
 from attnserve.server.generation import (
     DecodingOptions,
     FinishReason,
@@ -101,7 +101,7 @@ def test_served_refusal_is_resource_exhausted_and_counted_under_deadline():
 
 
 def test_step_time_is_a_fixed_part_plus_a_part_per_row_once_the_rows_vary():
-    from attnserve.server.cost import _StepFit
+    from attnserve.server.engine.cost import _StepFit
 
     fit = _StepFit()
     fit.add(8, 0.036)

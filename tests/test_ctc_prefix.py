@@ -1,11 +1,11 @@
-"""CTC prefix scores (server/ctc_prefix.py) against brute force over every alignment, alone and batched."""
+"""CTC prefix scores (server/decoding/ctc_prefix.py) against brute force over every alignment, alone and batched."""
 
 import itertools
 
 import numpy as np
 import pytest
 
-from attnserve.server.ctc_prefix import CTCPrefixScorer
+from attnserve.server.decoding.ctc_prefix import CTCPrefixScorer
 
 BLANK, EOS = 0, 1  # labels are 2..
 

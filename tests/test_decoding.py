@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from attnserve.export.model import subsequent_mask
-from attnserve.server.batch import Batch
-from attnserve.server.decoding import decode, make_strategy
+from attnserve.server.decoding.batch import Batch
+from attnserve.server.decoding.decoding import decode, make_strategy
 from attnserve.server.generation import FinishReason, GenerationRequest
-from attnserve.server.manifest import parse_manifest
-from attnserve.server.prepared import PreparedRequest
-from attnserve.server.preprocessing import TextPreprocessor, TextSource, pad_batch
-from attnserve.server.repository import find_models, open_runtime
-from attnserve.server.search import BeamSearch, GreedySearch
-from attnserve.server.tokenization import Tokenizer
+from attnserve.server.model.manifest import parse_manifest
+from attnserve.server.decoding.prepared import PreparedRequest
+from attnserve.server.inputs.preprocessing import TextPreprocessor, TextSource, pad_batch
+from attnserve.server.model.repository import find_models, open_runtime
+from attnserve.server.decoding.search import BeamSearch, GreedySearch
+from attnserve.server.model.tokenization import Tokenizer
 from fakes import MIXED_MAX_NEW, MIXED_TEXTS
 
 ATOL = 1e-5

@@ -38,7 +38,7 @@ def test_the_images_command_listens_beyond_loopback():
     import argparse
     import json
 
-    from attnserve.server import serve_options
+    from attnserve.server.edge import serve_options
 
     text = (ROOT / "Dockerfile").read_text().replace("\\\n", "")
     command = json.loads(next(line for line in text.splitlines() if line.startswith("CMD "))[4:])

@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from attnserve.server import serve_options
+from attnserve.server.edge import serve_options
 from deploy_monitoring import DEPLOY, alert_queries, metric_names, recording_queries
 from fakes import WAIT
 
@@ -114,7 +114,7 @@ def test_probes_ask_health_names_the_server_reports_serving(rendered, fake_serve
 
 
 def test_termination_grace_is_the_prestop_pause_the_drain_and_the_servers_close_bound(rendered):
-    from attnserve.server.app import CLOSE_SECONDS
+    from attnserve.server.edge.app import CLOSE_SECONDS
 
     _, resources = rendered
     pod = one(resources, "Deployment")["spec"]["template"]["spec"]

@@ -126,7 +126,7 @@ def _load(stub) -> None:
 
 def _until_a_deadline_passes_on_the_server(stub, server, rounds: int = 30) -> None:
     """Sends bursts with deadlines too short for a beam search until the server counts one it missed, or
-    refused as one it could not meet (deadline-aware admission, server/cost.py).
+    refused as one it could not meet (deadline-aware admission, server/engine/cost.py).
 
     The error-ratio rule needs a server-side failure; whether a 10 ms deadline expires in the server (and
     not in the client before sending) depends on timing, so try a bounded number of bursts.

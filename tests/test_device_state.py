@@ -1,4 +1,4 @@
-"""Decoder inputs kept on the device between steps (IO binding, server/device_state.py), run on the CPU.
+"""Decoder inputs kept on the device between steps (IO binding, server/decoding/device_state.py), run on the CPU.
 
 On the CPU provider the "device" is host memory, but every device copy is still a copy of its own, so a copy
 the runtime failed to refresh would show. The decisive comparison: an engine with IO binding, under
@@ -19,13 +19,15 @@ import numpy as np
 import pytest
 
 from attnserve.export import server_graphs
-from attnserve.server import app, convert, kv_cache
-from attnserve.server.device_state import DeviceState
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
-from attnserve.server.serve_options import ServeOptions
-from attnserve.server.slots import Slots
+from attnserve.server import convert
+from attnserve.server.decoding import kv_cache
+from attnserve.server.edge import app
+from attnserve.server.decoding.device_state import DeviceState
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
+from attnserve.server.edge.serve_options import ServeOptions
+from attnserve.server.decoding.slots import Slots
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_MODEL_NAME
 from fakes import WAIT

@@ -11,8 +11,8 @@ from concurrent.futures import CancelledError
 import numpy as np
 import pytest
 
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.registry import load_engine, load_engines, open_model
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.registry import load_engine, load_engines, open_model
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
@@ -22,8 +22,8 @@ from attnserve.server.generation import (
     GenerationRequest,
     UnavailableError,
 )
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 from fakes import BATCHING_MODES, MIXED_MAX_NEW, MIXED_TEXTS, batching, held, recording_engine, submit_together
 
 MODEL = "tiny-translate"

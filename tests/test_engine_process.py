@@ -1,4 +1,4 @@
-"""A model's engine in a child process (server/engine_process.py, `attnserve serve --engine-process`).
+"""A model's engine in a child process (server/edge/engine_process.py, `attnserve serve --engine-process`).
 
 The decisive comparison: what the child's engine gives equals what the same engine gives in process, greedy
 and beam, streamed or not, alone or many at once, text and speech, directly and over gRPC. Then the contract
@@ -17,10 +17,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from attnserve.server import app
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine_process import ProcessEngine, load_process_engines
-from attnserve.server.registry import load_engines
+from attnserve.server.edge import app
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.edge.engine_process import ProcessEngine, load_process_engines
+from attnserve.server.engine.registry import load_engines
 from attnserve.server.generation import (
     AttentionOptions,
     AudioInput,
@@ -28,8 +28,8 @@ from attnserve.server.generation import (
     GenerationRequest,
     UnavailableError,
 )
-from attnserve.server.runtime import RuntimeOptions
-from attnserve.server.scheduler import SchedulingOptions
+from attnserve.server.model.runtime import RuntimeOptions
+from attnserve.server.engine.scheduler import SchedulingOptions
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_MODEL_NAME, TINY_SPEECH_NAME
@@ -246,7 +246,7 @@ def test_the_grpc_process_loads_no_onnxruntime_and_starts_no_helper_process(tiny
     # processes it starts (multiprocessing's spawn would add its resource tracker, another interpreter).
     script = f"""
 import os, pathlib, sys
-from attnserve.server import app
+from attnserve.server.edge import app
 engines, _ = app.load_models(app.ServeOptions(models={str(tiny_model_repo)!r}, engine_process=True))
 children = [int(c) for t in pathlib.Path(f"/proc/{{os.getpid()}}/task").iterdir()
             for c in (t / "children").read_text().split()]

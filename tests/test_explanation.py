@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnserve.clients.client import Client, translation_request
-from attnserve.server.explanation import NEGLECT_THRESHOLD, explain
+from attnserve.server.attention.explanation import NEGLECT_THRESHOLD, explain
 from conftest import TINY_MODEL_NAME
 
 # Three output words over four source words, the last one the source's end token.

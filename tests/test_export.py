@@ -185,7 +185,7 @@ def test_manifest_names_every_graph_tensor(tiny_model_dir):
 def test_an_exported_default_search_reaches_the_served_model_info(tiny_torch_model, tiny_tokenizer, tmp_path):
     """`onnx_export --default-beam-size` names the search requests without one get; unset, they get greedy."""
     from attnserve.export.onnx_export import build_manifest
-    from attnserve.server.manifest import load_manifest
+    from attnserve.server.model.manifest import load_manifest
 
     for beams, expected in ((4, 4), (None, 1)):
         manifest = build_manifest(tiny_torch_model.cfg, tiny_tokenizer, "tiny", 1, default_beam_size=beams)
@@ -228,7 +228,7 @@ def test_cached_attention_equals_attention_over_the_joined_cache():
 
 def test_decoder_step_never_copies_its_cache(tiny_model_dir):
     """No Concat reads a past self-attention key or value: a step's cost stays flat as the cache grows
-    (the server writes new slots into preallocated buffers, server/kv_cache.py)."""
+    (the server writes new slots into preallocated buffers, server/decoding/kv_cache.py)."""
     graph = onnx.load(str(tiny_model_dir / "decoder.onnx")).graph
     cache_inputs = {i.name for i in graph.input if ".decoder." in i.name}
     assert cache_inputs

@@ -1,4 +1,4 @@
-"""Scheduler fairness (server/scheduler.py): a waiting newcomer moves every over-budget group aside, and the
+"""Scheduler fairness (server/engine/scheduler.py): a waiting newcomer moves every over-budget group aside, and the
 background lane gets no more decode time than the foreground, so a cheap request beside expensive ones
 runs at about half its idle speed (bench/head_of_line.py measures it served: 17x -> 2.7x its idle time)."""
 

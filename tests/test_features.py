@@ -1,4 +1,4 @@
-"""Log-mel features (server/features.py), checked against independent arithmetic: the frame count formula, a
+"""Log-mel features (server/inputs/features.py), checked against independent arithmetic: the frame count formula, a
 pure tone's energy landing in the mel band of its frequency, Parseval on the power spectrum, the log floor."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from attnserve.server.features import LogMelSpec, frame_count, log_mel, mel_filterbank
+from attnserve.server.inputs.features import LogMelSpec, frame_count, log_mel, mel_filterbank
 
 SPEC = LogMelSpec(sample_rate_hz=16000, n_mels=80, window_ms=25, shift_ms=10, log_floor=1e-10)
 
@@ -91,7 +91,7 @@ def test_features_import_without_torch_or_onnxruntime():
         "import sys\n"
         "sys.modules['torch'] = None\n"
         "sys.modules['onnxruntime'] = None\n"
-        "from attnserve.server import features\n"
+        "from attnserve.server.inputs import features\n"
         "print(features.log_mel([0.0] * 800, features.LogMelSpec(16000, 80, 25, 10)).shape)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)

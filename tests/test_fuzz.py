@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnserve.server import app, errors, service
+from attnserve.server.edge import app, errors, service
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import WAIT

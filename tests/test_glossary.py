@@ -9,7 +9,7 @@ import pytest
 
 from attnserve.clients import errors
 from attnserve.clients.client import translation_request
-from attnserve.server import glossary
+from attnserve.server.decoding import glossary
 from attnserve.server.generation import DecodingOptions, GenerationRequest
 from conftest import TINY_MODEL_NAME
 
@@ -117,7 +117,7 @@ def test_refusals_over_grpc_name_the_term(tiny_server):
 
 
 def _decoded(engine, prepared):
-    from attnserve.server.decoding import Batch, decode, make_strategy
+    from attnserve.server.decoding.decoding import Batch, decode, make_strategy
 
     batch = Batch.build(engine.manifest, engine.runtime, engine.preprocessor.collate([p.source for p in prepared]))
     strategy = make_strategy(prepared, engine.manifest.special_tokens.eos)

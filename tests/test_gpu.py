@@ -7,10 +7,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.generation import AttentionOptions, GenerationRequest
-from attnserve.server.registry import load_engines
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.engine.registry import load_engines
+from attnserve.server.model.runtime import RuntimeOptions
 
 pytestmark = [
     pytest.mark.gpu,

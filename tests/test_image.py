@@ -20,7 +20,8 @@ from PIL import Image
 from attnserve.clients import cli, overlay
 from attnserve.clients.client import Client, image_request
 from attnserve.export.image.model import normalize
-from attnserve.server import app, preprocessors, readiness
+from attnserve.server.edge import app, readiness
+from attnserve.server.inputs import preprocessors
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionMatrix,
@@ -30,7 +31,7 @@ from attnserve.server.generation import (
     InputKind,
     InputTooLargeError,
 )
-from attnserve.server.image import decode, resize
+from attnserve.server.inputs.image import decode, resize
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import BATCHING_MODES, WAIT, generate_together

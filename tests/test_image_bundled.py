@@ -14,10 +14,10 @@ import pytest
 
 from attnserve.export.image import objects, scenes, scoring
 from attnserve.export.image.evaluate import png
-from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.generation import AttentionGranularity, AttentionOptions, GenerationRequest, ImageInput
-from attnserve.server.registry import load_engines
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.engine.registry import load_engines
+from attnserve.server.model.runtime import RuntimeOptions
 
 pytestmark = pytest.mark.bundled
 

@@ -42,8 +42,8 @@ def test_a_contract_the_code_breaks_is_reported_with_its_chain(tmp_path):
         "[importlinter:contract:probe]\n"
         "name = probe\n"
         "type = forbidden\n"
-        "source_modules =\n    attnserve.server.engine\n"
-        "forbidden_modules =\n    attnserve.server.batcher\n"
+        "source_modules =\n    attnserve.server.engine.engine\n"
+        "forbidden_modules =\n    attnserve.server.engine.batcher\n"
     )
     run = lint(cwd=tmp_path)
-    assert run.returncode == 1 and "attnserve.server.engine -> attnserve.server.batcher" in run.stdout, run.stdout
+    assert run.returncode == 1 and "attnserve.server.engine.engine -> attnserve.server.engine.batcher" in run.stdout, run.stdout

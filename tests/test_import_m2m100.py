@@ -25,11 +25,11 @@ import tiny_nllb
 from import_parity import graph_differences
 from attnserve.clients import cli
 from attnserve.server import convert
-from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -256,7 +256,7 @@ def _edit(path, **changes):
 
 
 def test_translate_from_and_to_over_grpc_reach_the_model(repo, engine, capsys):
-    from attnserve.server import app
+    from attnserve.server.edge import app
 
     engines = app.load_engines(app.ServeOptions(models=str(repo)))
     try:

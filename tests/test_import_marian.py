@@ -20,11 +20,11 @@ import pytest
 import tiny_marian
 from import_parity import graph_differences
 from attnserve.clients import cli
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.registry import load_engine
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.registry import load_engine
 from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -285,7 +285,7 @@ def _edit(path, **changes):
 
 def test_compare_shows_the_imported_model_beside_a_bundled_style_translator(repo, engine, tiny_model_dir,
                                                                             tmp_path, capsys):
-    from attnserve.server import app
+    from attnserve.server.edge import app
 
     both = tmp_path / "models"
     shutil.copytree(repo / NAME, both / NAME)
@@ -316,11 +316,11 @@ for name in ("torch", "transformers", "sentencepiece", "onnx"):
     sys.modules[name] = None  # importing any of them now raises ImportError
 from attnserve.clients import cli
 cli._parser()  # `attnserve import` is listed; its importer is not loaded
-from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.generation import DecodingOptions, GenerationRequest
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 engine = load_engine(find_models({str(repo)!r})[{NAME!r}], RuntimeOptions(), BatchingOptions())
 result = engine.generate(GenerationRequest({NAME!r}, {TEXTS[0]!r}, "", DecodingOptions({MAX_NEW}, 1)))
 engine.close()

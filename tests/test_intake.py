@@ -1,4 +1,4 @@
-"""Per-model intake (server/intake.py, server/decoded_size.py): bounded queue, decoded-bytes budget read
+"""Per-model intake (server/edge/intake.py, server/engine/decoded_size.py): bounded queue, decoded-bytes budget read
 from headers, callers who left dropped before preprocessing, and one model's flood kept off another's path."""
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import pytest
 from PIL import Image
 from prometheus_client import REGISTRY
 
-from attnserve.server import app, decoded_size, generation
+from attnserve.server import generation
+from attnserve.server.edge import app
+from attnserve.server.engine import decoded_size
 from attnserve.server.generation import AudioInput, GenerationRequest, ImageInput, OverloadedError
-from attnserve.server.intake import Intake, IntakeOptions
+from attnserve.server.edge.intake import Intake, IntakeOptions
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import WAIT, FakeEngine

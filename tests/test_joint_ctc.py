@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from attnserve.clients.client import Client, audio_request
-from attnserve.server import app
-from attnserve.server.audio import read_wav, resample
-from attnserve.server.features import log_mel
+from attnserve.server.edge import app
+from attnserve.server.inputs.audio import read_wav, resample
+from attnserve.server.inputs.features import log_mel
 from attnserve.server.generation import AudioInput, GenerationRequest
-from attnserve.server.manifest import load_manifest
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.model.manifest import load_manifest
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 from conftest import TINY_SPEECH_NAME as NAME
 from fakes import BATCHING_MODES, WAIT, batching, generate_together, wav_bytes
 from test_speech import clip

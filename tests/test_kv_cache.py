@@ -1,4 +1,4 @@
-"""The K/V cache written in place (server/kv_cache.py) and the slots rows live in (server/slots.py): the decoder
+"""The K/V cache written in place (server/decoding/kv_cache.py) and the slots rows live in (server/decoding/slots.py): the decoder
 reads the same buffers step after step, their spare slots change nothing it computes, rows merged, dropped,
 repeated or split off keep their own slots, and only the rows that change are copied."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnserve.server import kv_cache
-from attnserve.server.batch import Batch
-from attnserve.server.preprocessing import TextPreprocessor, TextSource
-from attnserve.server.repository import find_models, open_runtime
+from attnserve.server.decoding import kv_cache
+from attnserve.server.decoding.batch import Batch
+from attnserve.server.inputs.preprocessing import TextPreprocessor, TextSource
+from attnserve.server.model.repository import find_models, open_runtime
 
 ATOL = 1e-5
 SOURCES = [(7, 8, 9, 10, 11, 12), (13, 14, 15), (16, 17, 18, 19, 20, 21, 22, 23, 24)]
@@ -143,7 +143,7 @@ def data_address(x: np.ndarray) -> int:
 
 def test_a_newcomer_takes_a_finished_rows_slot_and_the_others_stay_put(model):
     """Continuous batching's usual step: a row finishes, another joins. The newcomer is written into the freed
-    slot (server/slots.py) while the rows that stay are not copied, and every row computes what it would alone."""
+    slot (server/decoding/slots.py) while the rows that stay are not copied, and every row computes what it would alone."""
     manifest, runtime = model
     tokens = np.array([4, 9, 10, 11, 12, 13, 9, 9, 14, 15] * 2)
     alone = [reference_steps(manifest, runtime, [s], tokens) for s in SOURCES]

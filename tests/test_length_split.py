@@ -1,4 +1,4 @@
-"""Long sources decode apart (SchedulingOptions.length_split, server/scheduler.py).
+"""Long sources decode apart (SchedulingOptions.length_split, server/engine/scheduler.py).
 
 Every row of a lane is padded to its longest source and the decoder reads every position at every step, so
 a group whose source is much longer than the others' decodes in a lane of its own when that padding would
@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnserve.server.batch import Batch
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.lane import Group, Lane
-from attnserve.server.scheduler import CALL_OVERHEAD_POSITIONS, Scheduler, SchedulingOptions
+from attnserve.server.decoding.batch import Batch
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.lane import Group, Lane
+from attnserve.server.engine.scheduler import CALL_OVERHEAD_POSITIONS, Scheduler, SchedulingOptions
 from conftest import TINY_MODEL_NAME
 from fakes import WAIT
 from test_continuous_batching import FEEDS, architecture, assert_same, parse_serve_flags, submit_after
@@ -74,7 +74,7 @@ def test_long_sources_decode_apart_and_every_request_gets_what_it_gets_alone(
 
 
 def test_the_serve_flag_turns_the_split_off(tiny_model_repo):
-    from attnserve.server import app
+    from attnserve.server.edge import app
 
     assert parse_serve_flags().length_split and not parse_serve_flags("--no-length-split").length_split
     engines, _ = app.load_models(app.ServeOptions(models=str(tiny_model_repo), length_split=False))

@@ -16,7 +16,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from attnserve.server import app
+from attnserve.server.edge import app
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import WAIT, FakeEngine
@@ -64,7 +64,7 @@ _SERVER_SCRIPT = """
 import asyncio, os, sys, threading, time
 sys.path.insert(0, {tests!r})
 from fakes import FakeEngine
-from attnserve.server import app, logging_setup
+from attnserve.server.edge import app, logging_setup
 
 DELAY = float(sys.argv[1])
 HANG_ON_CLOSE = len(sys.argv) > 3

@@ -14,14 +14,14 @@ import torch
 
 from attnserve.clients.client import audio_request
 from attnserve.export.ngram_build import build
-from attnserve.server import app
-from attnserve.server.audio import read_wav, resample
-from attnserve.server.features import log_mel
+from attnserve.server.edge import app
+from attnserve.server.inputs.audio import read_wav, resample
+from attnserve.server.inputs.features import log_mel
 from attnserve.server.generation import AudioInput, GenerationRequest
-from attnserve.server.manifest import load_manifest
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.model.manifest import load_manifest
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 from conftest import TINY_SPEECH_NAME as NAME
 from fakes import BATCHING_MODES, WAIT, batching
 import test_joint_ctc as joint
@@ -58,7 +58,7 @@ def served(fused_repo):
 
 
 def reference(model, repo, data: bytes, ctc_weight: float, lm_weight: float) -> list[int]:
-    from attnserve.server.ngram_lm import NgramLanguageModel
+    from attnserve.server.decoding.ngram_lm import NgramLanguageModel
 
     folder = repo / NAME / "1"
     manifest = load_manifest(folder / "manifest.json")

@@ -1,11 +1,11 @@
-"""The decode loop's log-softmax (server/log_softmax.py): ONNX Runtime's kernel on a committed one-node graph."""
+"""The decode loop's log-softmax (server/decoding/log_softmax.py): ONNX Runtime's kernel on a committed one-node graph."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from attnserve.export import server_graphs
-from attnserve.server.log_softmax import GRAPH, log_softmax
+from attnserve.server.decoding.log_softmax import GRAPH, log_softmax
 
 
 def reference(scores: np.ndarray) -> np.ndarray:

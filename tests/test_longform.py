@@ -1,4 +1,4 @@
-"""Long-form audio (server/longform.py) on the bundled recognizer: spoken sentences joined by pauses into a
+"""Long-form audio (server/engine/longform.py) on the bundled recognizer: spoken sentences joined by pauses into a
 recording longer than its window, served, against each segment decoded alone offline."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from attnserve.clients.client import AttnServeError, Client, audio_request
-from attnserve.server import app, audio_files
-from attnserve.server.audio import read_wav
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.registry import load_engine
+from attnserve.server.edge import app
+from attnserve.server.inputs import audio_files
+from attnserve.server.inputs.audio import read_wav
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.registry import load_engine
 from attnserve.server.generation import (
     AudioInput,
     DecodingOptions,
@@ -25,8 +26,8 @@ from attnserve.server.generation import (
     GenerationResult,
     TranscriptSegment,
 )
-from attnserve.server.longform import LongFormEngine, LongFormOptions
-from attnserve.server.repository import find_models
+from attnserve.server.engine.longform import LongFormEngine, LongFormOptions
+from attnserve.server.model.repository import find_models
 from fakes import wav_bytes
 from speech_clips import RATE, espeak, recording
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from attnserve.server.manifest import load_manifest, parse_manifest
+from attnserve.server.model.manifest import load_manifest, parse_manifest
 from fakes import captioner_manifest, speller_manifest
 
 

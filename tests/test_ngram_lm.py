@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from attnserve.export.ngram_build import bits_per_token, build
-from attnserve.server.ngram_lm import LanguageModelState, NgramLanguageModel
+from attnserve.server.decoding.ngram_lm import LanguageModelState, NgramLanguageModel
 
 V, START, EOS = 7, 3, 2
 CORPUS = [[4, 5, 6, 4, 5], [5, 5, 6], [6, 4, 5, 6, 6, 4], [4, 4], [5, 6, 4, 5, 5, 6, 4]]

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from attnserve.clients import cli
-from attnserve.server import native_log
+from attnserve.server.edge import native_log
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_MODEL_NAME
@@ -58,10 +58,11 @@ def test_a_real_onnx_runtime_session_logs_json_only(tmp_path):
     """ONNX Runtime at its verbose level writes many lines to descriptor 2 while a session loads: all JSON."""
     script = textwrap.dedent("""
         import onnxruntime, pathlib, logging
-        from attnserve.server import logging_setup
+        from attnserve.server.decoding import log_softmax
+        from attnserve.server.edge import logging_setup
         logging_setup.configure("debug", "json", native=True)
         onnxruntime.set_default_logger_severity(0)
-        graph = pathlib.Path(logging_setup.__file__).with_name("log_softmax.onnx")
+        graph = pathlib.Path(log_softmax.__file__).with_name("log_softmax.onnx")
         onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
         logging.getLogger("x").info("done")
         import time; time.sleep(0.5)  # the forwarding thread drains the pipe

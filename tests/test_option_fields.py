@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.option_fields import bounded, check, mirror
-from attnserve.server.runtime_options import RuntimeOptions
-from attnserve.server.scheduler import SchedulingOptions
-from attnserve.server.serve_options import ServeOptions
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.option_fields import bounded, check, mirror
+from attnserve.server.model.runtime_options import RuntimeOptions
+from attnserve.server.engine.scheduler import SchedulingOptions
+from attnserve.server.edge.serve_options import ServeOptions
 
 
 def test_the_default_server_runs_the_engine_options_defaults():

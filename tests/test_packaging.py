@@ -37,11 +37,11 @@ def test_server_and_clients_run_with_torch_and_onnx_unimportable(tiny_model_repo
 import sys
 sys.modules["torch"] = None  # any `import torch` now raises ImportError
 sys.modules["onnx"] = None
-import attnserve.server.app, attnserve.clients.cli, attnserve.clients.client
-from attnserve.server.batcher import BatchingOptions
+import attnserve.server.edge.app, attnserve.clients.cli, attnserve.clients.client
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.generation import GenerationRequest, AttentionOptions
-from attnserve.server.registry import load_engines
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.engine.registry import load_engines
+from attnserve.server.model.runtime import RuntimeOptions
 engines = load_engines({str(tiny_model_repo)!r}, RuntimeOptions(), BatchingOptions())
 result = engines.get("tiny-translate").generate(GenerationRequest("tiny-translate", "知識就是力量。", "en",
                                                 attention=AttentionOptions(enabled=True)))
@@ -112,8 +112,8 @@ def test_the_installed_wheel_serves_from_outside_the_checkout(wheel, tmp_path, t
 
 
 _WHERE = """
-import attnserve.server.app, attnserve.v1.attnserve_pb2, attnserve.export.corpus
-for module in (attnserve.server.app, attnserve.v1.attnserve_pb2, attnserve.export.corpus):
+import attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.corpus
+for module in (attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.corpus):
     print(module.__file__)
 """
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnserve.server import preprocessors
-from attnserve.server.audio import AudioPreprocessor
+from attnserve.server.inputs import preprocessors
+from attnserve.server.inputs.audio import AudioPreprocessor
 from attnserve.server.generation import GenerationRequest, ImageInput, InputKind, InputTooLargeError, ModelInfo
-from attnserve.server.image import ImagePreprocessor
-from attnserve.server.manifest import load_manifest, parse_manifest
-from attnserve.server.preprocessing import TextPreprocessor, TextSource
-from attnserve.server.tokenization import Tokenizer
+from attnserve.server.inputs.image import ImagePreprocessor
+from attnserve.server.model.manifest import load_manifest, parse_manifest
+from attnserve.server.inputs.preprocessing import TextPreprocessor, TextSource
+from attnserve.server.model.tokenization import Tokenizer
 from fakes import captioner_manifest, speller_manifest
 
 BASE = ModelInfo("m", 1, "t", "", ["en"], ["en"], 0, 9, 1, 1)

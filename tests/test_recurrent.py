@@ -14,11 +14,11 @@ import torch
 
 from attnserve.export import bpe, recurrent_export
 from attnserve.export.recurrent import RecurrentConfig, RecurrentTranslator, reverse_within_length
-from attnserve.server.batcher import BatchingOptions
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
-from attnserve.server.registry import load_engine, load_engines
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.engine.registry import load_engine, load_engines
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 from conftest import TINY_RECURRENT_NAME
 from fakes import BATCHING_MODES, MIXED_MAX_NEW, MIXED_TEXTS, batching, submit_together
 

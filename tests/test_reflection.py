@@ -56,10 +56,10 @@ def grpcurl():
 @pytest.fixture(scope="module")
 def served(tiny_model_repo):
     """(address, name of the tiny model) of a real server on a free port."""
-    from attnserve.server.app import BackgroundServer
-    from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.registry import load_engines
-    from attnserve.server.runtime import RuntimeOptions
+    from attnserve.server.edge.app import BackgroundServer
+    from attnserve.server.engine.batcher import BatchingOptions
+    from attnserve.server.engine.registry import load_engines
+    from attnserve.server.model.runtime import RuntimeOptions
 
     registry = load_engines(tiny_model_repo, RuntimeOptions(), BatchingOptions())
     engines = {name: registry.get(name) for name in registry.names()}

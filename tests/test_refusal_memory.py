@@ -73,7 +73,7 @@ def test_rss_returns_after_rounds_of_large_refused_and_served_requests(repositor
         (long_wav, auth, grpc.StatusCode.OUT_OF_RANGE),
         (legit_wav, auth, grpc.StatusCode.OK),
     ]
-    # Recordings over the model's window refused, not transcribed in segments (server/longform.py).
+    # Recordings over the model's window refused, not transcribed in segments (server/engine/longform.py).
     args = ["--auth-token-file", str(repository / "tokens"), "--long-form-max-minutes", "0"]
     options = [("grpc.max_send_message_length", 64 << 20)]
     with served([sys.executable, "-m", "attnserve.clients.cli"], str(repository), extra_args=args) as server, \

@@ -19,7 +19,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
-from attnserve.server import app, generation, limits
+from attnserve.server import generation
+from attnserve.server.edge import app
+from attnserve.server.engine import limits
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import WAIT, FakeEngine, recording_engine
@@ -220,7 +222,7 @@ class _FaultyRuntime:
 
 
 def test_injected_runtime_error_fails_only_its_request_as_internal(tiny_model_repo, caplog):
-    from attnserve.server.batcher import BatchingOptions
+    from attnserve.server.engine.batcher import BatchingOptions
 
     poison = "知" * 30
     engine, recording = recording_engine(tiny_model_repo, TINY, BatchingOptions(window_ms=200.0),
@@ -263,7 +265,7 @@ def real_stub(tiny_server):
 
 
 def test_queue_full_is_resource_exhausted_and_the_server_goes_on():
-    from attnserve.server.batcher import Batcher, BatchingOptions
+    from attnserve.server.engine.batcher import Batcher, BatchingOptions
 
     release = threading.Event()
 
@@ -292,7 +294,7 @@ def test_queue_full_is_resource_exhausted_and_the_server_goes_on():
 
 def test_serving_only_named_models_never_reads_the_others(tiny_model_repo, tmp_path):
     """`attnserve serve --model NAME`: one model per deployment; a broken neighbour is not even opened."""
-    from attnserve.server import serve_options
+    from attnserve.server.edge import serve_options
 
     repo = tmp_path / "repo"
     shutil.copytree(tiny_model_repo, repo)

@@ -8,8 +8,8 @@ import shutil
 import onnxruntime as ort
 import pytest
 
-from attnserve.server.repository import find_models, newest_version, open_runtime
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.model.repository import find_models, newest_version, open_runtime
+from attnserve.server.model.runtime import RuntimeOptions
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_highest_integer_version_wins(repo_copy):
 
 
 def test_a_broken_newest_version_gives_way_to_the_newest_intact_one(repo_copy, caplog):
-    from attnserve.server.registry import load_engines
+    from attnserve.server.engine.registry import load_engines
 
     model = repo_copy / "tiny-translate"
     for version in ("2", "3"):

@@ -8,12 +8,12 @@ import pytest
 
 from attnserve.clients.client import Client
 from attnserve.clients.errors import InvalidArgument
-from attnserve.server import app
-from attnserve.server.batcher import BatchingOptions
+from attnserve.server.edge import app
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 
 MODEL = "tiny-translate"
 WAIT = 60  # seconds; only a bound against hanging

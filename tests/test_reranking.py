@@ -1,4 +1,4 @@
-"""Reranking by translating back (server/reranking.py) and the forced decoding it is built on, on the tiny
+"""Reranking by translating back (server/engine/reranking.py) and the forced decoding it is built on, on the tiny
 model of conftest.py: a forced output's log-probabilities are PyTorch's teacher-forced ones and a beam
 candidate's own score; the reranked order is the documented sum; the winner's attention is its own; bad
 options and streaming are refused; cancelling ends every round; the option crosses the wire."""
@@ -15,14 +15,15 @@ import torch
 import torch.nn.functional as F
 
 from attnserve.export import bpe
-from attnserve.server import app, convert
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.engine_process import load_process_engines
+from attnserve.server import convert
+from attnserve.server.edge import app
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.edge.engine_process import load_process_engines
 from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest, GenerationResult
-from attnserve.server.preprocessing import TextSource
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.inputs.preprocessing import TextSource
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_MODEL_NAME

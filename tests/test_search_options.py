@@ -13,15 +13,15 @@ import shutil
 import numpy as np
 import pytest
 
-from attnserve.server.batch import Batch
-from attnserve.server.decoding import decode, make_strategy
+from attnserve.server.decoding.batch import Batch
+from attnserve.server.decoding.decoding import decode, make_strategy
 from attnserve.server.generation import DecodingOptions, FinishReason, GenerationRequest, SamplingOptions
-from attnserve.server.log_softmax import log_softmax
-from attnserve.server.output_rules import OutputRules, repeated_ngram_completions
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.sampling import draw_token
-from attnserve.server.search import BeamSearch, GreedySearch
+from attnserve.server.decoding.log_softmax import log_softmax
+from attnserve.server.decoding.output_rules import OutputRules, repeated_ngram_completions
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.decoding.sampling import draw_token
+from attnserve.server.decoding.search import BeamSearch, GreedySearch
 from conftest import TINY_MODEL_NAME
 from fakes import MIXED_TEXTS, WAIT
 
@@ -321,8 +321,8 @@ def test_a_request_naming_no_search_gets_the_models_default(tiny_model_dir, tmp_
 
 
 def test_the_default_search_stays_within_the_servers_beam_limit(tiny_model_dir, tmp_path):
-    from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.runtime import RuntimeOptions
+    from attnserve.server.engine.batcher import BatchingOptions
+    from attnserve.server.model.runtime import RuntimeOptions
 
     capped = load_engine(model_with_default_beams(tiny_model_dir, tmp_path, 8), RuntimeOptions(),
                          BatchingOptions(max_beam_size=2))

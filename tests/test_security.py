@@ -16,8 +16,8 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
-from attnserve.server import app, security
-from attnserve.server.serve_options import ServeOptions
+from attnserve.server.edge import app, security
+from attnserve.server.edge.serve_options import ServeOptions
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import WAIT, FakeEngine

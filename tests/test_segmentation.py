@@ -1,11 +1,11 @@
-"""server/segmentation.py: recordings with known pauses are cut in them, and no segment outgrows the window."""
+"""server/inputs/segmentation.py: recordings with known pauses are cut in them, and no segment outgrows the window."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from attnserve.server.segmentation import (
+from attnserve.server.inputs.segmentation import (
     FRAME_SECONDS,
     EnergyDetector,
     Segment,
@@ -100,7 +100,7 @@ def test_speech_in_noise_is_cut_in_its_pauses_by_the_webrtc_vad(spoken):
 
 def test_webrtc_vad_reads_rates_it_has_no_mode_for(spoken):
     x, _ = spoken
-    from attnserve.server.audio import resample
+    from attnserve.server.inputs.audio import resample
 
     at_44k = resample(x, RATE, 44100)
     a = segment(x, RATE, SegmentationOptions(max_seconds=20), WebRtcDetector(2))

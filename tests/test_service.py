@@ -25,7 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from prometheus_client import REGISTRY
 
-from attnserve.server import app, convert, generation, metrics
+from attnserve.server import convert, generation
+from attnserve.server.edge import app, metrics
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import WAIT, FakeEngine, recording_engine
@@ -638,7 +639,7 @@ def test_requests_that_do_not_parse_are_invalid_argument(served, rpc, mangle):
 
 @pytest.mark.parametrize("remaining, counted_as_deadline", [(None, False), (0.05, False), (0.01, True), (-0.2, True)])
 def test_a_cancel_counts_as_the_deadline_only_within_the_transit_jitter_of_it(remaining, counted_as_deadline):
-    from attnserve.server import service
+    from attnserve.server.edge import service
 
     context = types.SimpleNamespace(time_remaining=lambda: remaining)
     assert service._deadline_passed(context) is counted_as_deadline  # 50 ms before it: the caller's cancel

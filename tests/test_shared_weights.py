@@ -1,4 +1,4 @@
-"""A weight both graphs of a model carry is loaded once for both sessions (server/shared_weights.py), and the
+"""A weight both graphs of a model carry is loaded once for both sessions (server/model/shared_weights.py), and the
 sessions compute exactly what they compute with copies of their own."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from attnserve.server import shared_weights
-from attnserve.server.repository import find_models, open_runtime
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.model import shared_weights
+from attnserve.server.model.repository import find_models, open_runtime
+from attnserve.server.model.runtime import RuntimeOptions
 
 BUNDLED = pathlib.Path(__file__).parents[1] / "models"
 LARGE = shared_weights.MIN_SHARED_BYTES // 4  # float32 values in a tensor just large enough to share

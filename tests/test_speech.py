@@ -16,11 +16,11 @@ import torch
 
 from attnserve.clients import cli, timeline
 from attnserve.clients.client import AttnServeError, Client, audio_request
-from attnserve.server import app
-from attnserve.server.audio import read_wav, resample
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.features import log_mel
-from attnserve.server.registry import load_engine
+from attnserve.server.edge import app
+from attnserve.server.inputs.audio import read_wav, resample
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.inputs.features import log_mel
+from attnserve.server.engine.registry import load_engine
 from attnserve.server.generation import (
     AttentionGranularity,
     AudioInput,
@@ -28,10 +28,10 @@ from attnserve.server.generation import (
     InputKind,
     InputTooLargeError,
 )
-from attnserve.server.manifest import load_manifest
-from attnserve.server.repository import find_models, open_runtime
-from attnserve.server.runtime import RuntimeOptions
-from attnserve.server.timestamps import word_timings
+from attnserve.server.model.manifest import load_manifest
+from attnserve.server.model.repository import find_models, open_runtime
+from attnserve.server.model.runtime import RuntimeOptions
+from attnserve.server.attention.timestamps import word_timings
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_SPEECH_NAME as NAME

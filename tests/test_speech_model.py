@@ -21,13 +21,13 @@ from attnserve.export.speech.feature_cache import FEATURES, load_split, wav_feat
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig, pad_features
 from attnserve.export.speech.specaugment import AugmentOptions, SpecAugment, warp_mel
 from attnserve.export.speech.train import Batch, TrainOptions, collate, joint_loss, make_batches
-from attnserve.server.audio import AudioPreprocessor
+from attnserve.server.inputs.audio import AudioPreprocessor
 from attnserve.server.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
-from attnserve.server.manifest import load_manifest
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
-from attnserve.server.tokenization import Tokenizer as ServedTokenizer
+from attnserve.server.model.manifest import load_manifest
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
+from attnserve.server.model.tokenization import Tokenizer as ServedTokenizer
 from fakes import BATCHING_MODES, WAIT, batching, submit_together, wav_bytes
 
 NAME = "tiny-las"

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from attnserve.server.generation import WordTiming
-from attnserve.server.timestamps import monotonic_path, word_timings
-from attnserve.server.tokenization import Words
+from attnserve.server.attention.timestamps import monotonic_path, word_timings
+from attnserve.server.model.tokenization import Words
 
 
 def brute_force_path(attention: np.ndarray) -> tuple[int, ...]:

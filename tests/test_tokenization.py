@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from attnserve.server.manifest import load_manifest
-from attnserve.server.tokenization import Tokenizer
+from attnserve.server.model.manifest import load_manifest
+from attnserve.server.model.tokenization import Tokenizer
 
 
 @pytest.fixture(scope="module")

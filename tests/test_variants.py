@@ -9,11 +9,11 @@ import pytest
 
 from attnserve.clients.client import Client
 from attnserve.export.quantize import quantize_folder
-from attnserve.server import app
+from attnserve.server.edge import app
 from attnserve.server.generation import GenerationRequest
-from attnserve.server.registry import load_engine
-from attnserve.server.repository import find_models
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 
 MODEL = "tiny-translate"
 WAIT = 60  # seconds; only a bound against hanging
@@ -95,7 +95,7 @@ def test_the_float16_variant_computes_what_float32_does_to_half_precision(half_r
     outputs (the cache and the decode loop are unchanged) and their logits stay within float16's reach."""
     import numpy as np
 
-    from attnserve.server.batch import Batch
+    from attnserve.server.decoding.batch import Batch
 
     model = find_models(half_repo)[MODEL]
     engines = {v: load_engine(model, RuntimeOptions(variant=v)) for v in ("", "fp16")}

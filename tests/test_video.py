@@ -17,7 +17,8 @@ from PIL import Image
 from attnserve.clients import cli, filmstrip
 from attnserve.export.video.model import normalize
 from attnserve.export.video.render import encode_video
-from attnserve.server import app, preprocessors, readiness
+from attnserve.server.edge import app, readiness
+from attnserve.server.inputs import preprocessors
 from attnserve.server.generation import (
     AttentionGranularity,
     AttentionOptions,
@@ -26,7 +27,7 @@ from attnserve.server.generation import (
     InputTooLargeError,
     VideoInput,
 )
-from attnserve.server.video_files import read_clip, sample
+from attnserve.server.inputs.video_files import read_clip, sample
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import BATCHING_MODES, WAIT, generate_together
@@ -91,7 +92,7 @@ def test_each_container_decodes_to_its_frames_at_their_times(preprocessor, i):
     np.testing.assert_allclose(clip.starts, np.arange(count) / fps, atol=5e-3)
     assert clip.duration == pytest.approx(count / fps, abs=5e-3)
     # Lossy codecs at a high quality: each frame is close to the original, resized as the server resizes.
-    from attnserve.server.image import resize
+    from attnserve.server.inputs.image import resize
 
     for decoded, source in zip(clip.frames, original):
         expected = resize(Image.fromarray(source), SIDE, SIDE).astype(float)
@@ -110,7 +111,7 @@ def test_stills_are_exact_and_sampled_at_the_middle_of_equal_stretches(preproces
 
 
 def test_a_clip_shorter_than_the_sample_count_repeats_frames():
-    from attnserve.server.video_files import DecodedClip
+    from attnserve.server.inputs.video_files import DecodedClip
 
     clip = DecodedClip([np.full((2, 2, 3), k, np.uint8) for k in range(2)], np.array([0.0, 0.5]), 1.0)
     chosen, times = sample(clip, 4)

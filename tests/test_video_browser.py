@@ -15,7 +15,7 @@ pytest.importorskip("av")
 sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need Playwright (the `dev` extra)")
 
 from attnserve.export.video.render import encode_video  # noqa: E402
-from attnserve.server import app  # noqa: E402
+from attnserve.server.edge import app  # noqa: E402
 from attnserve.server.generation import (  # noqa: E402
     AttentionGranularity,
     AttentionOptions,

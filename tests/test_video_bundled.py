@@ -16,10 +16,10 @@ from attnserve.export.image import objects
 from attnserve.export.video import clips, scoring
 from attnserve.export.video.evaluate import attention_of
 from attnserve.export.video.render import FrameRenderer, clip_file
-from attnserve.server.batcher import BatchingOptions
-from attnserve.server.registry import load_engines
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.registry import load_engines
 from attnserve.server.generation import AttentionGranularity, AttentionOptions, GenerationRequest, VideoInput
-from attnserve.server.runtime import RuntimeOptions
+from attnserve.server.model.runtime import RuntimeOptions
 
 pytest.importorskip("av")
 pytestmark = pytest.mark.bundled

@@ -19,7 +19,7 @@ pytest.importorskip("aiohttp", reason="the web gateway needs the `web` extra (ai
 sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need Playwright (the `dev` extra)")
 
 from attnserve.clients.client import Client, audio_request, image_request, translation_request  # noqa: E402
-from attnserve.server import app  # noqa: E402
+from attnserve.server.edge import app  # noqa: E402
 from conftest import TINY_MODEL_NAME, TINY_SPEECH_NAME  # noqa: E402
 from fakes import WAIT, wav_bytes  # noqa: E402
 

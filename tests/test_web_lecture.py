@@ -259,7 +259,7 @@ def test_save_as_png_and_link_to_the_view(page, demo, browser, tmp_path):
 @pytest.mark.bundled
 def test_the_bundled_translators_in_a_lecture(browser, tmp_path, shots):
     """Both bundled translators: a lecture sentence, a word pinned from the keyboard, then side by side."""
-    from attnserve.server import app
+    from attnserve.server.edge import app
 
     bundled = pathlib.Path(__file__).resolve().parents[1] / "models"
     repo = tmp_path / "models"

@@ -77,9 +77,9 @@ class TinyListenAttendSpell(nn.Module):
         """The offline reference for one clip's (T, M) frames: token ids and (n, S) attention.
 
         With a ctc_weight, each step ranks tokens by (1 - w) log p_decoder + w x their CTC prefix score
-        (joint CTC/attention decoding, the scorer the server uses: server/ctc_prefix.py). With an n-gram `lm`
+        (joint CTC/attention decoding, the scorer the server uses: server/decoding/ctc_prefix.py). With an n-gram `lm`
         and lm_weight, that score gains lm_weight x log p_lm(token | start token and tokens so far)."""
-        from attnserve.server.ctc_prefix import CTCPrefixScorer
+        from attnserve.server.decoding.ctc_prefix import CTCPrefixScorer
 
         t = features.shape[0]
         padded = torch.zeros(1, -(-t // REDUCTION) * REDUCTION, N_MELS)

@@ -1,7 +1,7 @@
 """The gateway's own HTTP settings: which origins may call it from a browser, its tokens, its certificate.
 
 Kept apart from the aiohttp code so that `attnserve --help` lists these flags without the `web` extra.
-The gateway authenticates callers as the gRPC server does (server/security.py): the same token file format
+The gateway authenticates callers as the gRPC server does (server/edge/security.py): the same token file format
 (one token per line, # comments), `Authorization: Bearer <token>`, constant-time comparison; and the same
 kind of PEM certificate and key for TLS. Its own calls to the gRPC server use --token-file/--tls-ca.
 """
@@ -70,7 +70,7 @@ def from_args(args: argparse.Namespace) -> HttpOptions:
     """
     tokens = frozenset()
     if args.http_token_file:
-        from attnserve.server.security import read_tokens  # the server's reader: one format for both
+        from attnserve.server.edge.security import read_tokens  # the server's reader: one format for both
 
         tokens = read_tokens(args.http_token_file)
     origins = frozenset(o.rstrip("/") for o in args.cors_origin)

@@ -7,7 +7,7 @@ the model's input size) and `<split>.jsonl` (one scene graph per line: id, kind,
 with their boxes as fractions of the side, background), plus `corpus.json` (seed, sizes, held-out pairs).
 
 A share of the training scenes is drawn larger (`--large-share`, at 128 to 256 pixels) and brought to the
-input size by the server's own resize (server/image.py), so the model also learns the pixels it is served
+input size by the server's own resize (server/inputs/image.py), so the model also learns the pixels it is served
 when a client sends a large image.
 """
 
@@ -31,7 +31,7 @@ def draw(scene: scenes.Scene, sprites: dict, size: int, render_size: int) -> np.
         return scenes.render(scene, sprites, size)
     from PIL import Image
 
-    from attnserve.server.image import resize
+    from attnserve.server.inputs.image import resize
 
     return resize(Image.fromarray(scenes.render(scene, sprites, render_size)), size, size)
 

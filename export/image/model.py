@@ -229,7 +229,7 @@ class ShowAttendTell(nn.Module):
 
 
 def normalize(images: torch.Tensor, cfg: ShowAttendTellConfig) -> torch.Tensor:
-    """(B, H, W, 3) uint8 -> (B, 3, H, W) float32, as the server normalises (server/image.py)."""
+    """(B, H, W, 3) uint8 -> (B, 3, H, W) float32, as the server normalises (server/inputs/image.py)."""
     x = images.permute(0, 3, 1, 2).float() / 255.0
     mean = torch.tensor(cfg.mean).view(1, 3, 1, 1)
     std = torch.tensor(cfg.std).view(1, 3, 1, 1)

@@ -5,7 +5,7 @@ on corpus splits, overall and per voice, and how well its attention places words
         --splits test_seen test_heldout_voices --out models/speech-en/scores.json
 
 Word timing compares the server's word timestamps (the `words` of every audio response, read from the
-attention: server/timestamps.py) with the synthesizer's own word times in the corpus: each recognised
+attention: server/attention/timestamps.py) with the synthesizer's own word times in the corpus: each recognised
 word that matches a reference word (the two word sequences aligned by their longest matching blocks), on
 clips whose corpus word times are exact, gives a start error and an end error.
 """
@@ -37,9 +37,9 @@ def voice_group(row: dict) -> str:
 
 def open_engine(model_dir: pathlib.Path, max_batch: int = 16):
     """The model of a version folder (models/<name>/<version>), loaded as `attnserve serve` loads it."""
-    from attnserve.server.batcher import BatchingOptions
-    from attnserve.server.registry import load_engine
-    from attnserve.server.repository import find_models
+    from attnserve.server.engine.batcher import BatchingOptions
+    from attnserve.server.engine.registry import load_engine
+    from attnserve.server.model.repository import find_models
 
     name = model_dir.parent.name
     models = find_models(model_dir.parent.parent)
@@ -85,7 +85,7 @@ def decoding_variant(model_dir: pathlib.Path, ctc_weight: float | None, length_h
 def noisy(wav: bytes, snr_db: float, seed: int):
     """The clip with white noise at `snr_db` below its own power (seeded: the same noise every run), as raw
     samples: how the recognizer fares off clean synthesized audio."""
-    from attnserve.server.audio import read_wav
+    from attnserve.server.inputs.audio import read_wav
     from attnserve.server.generation import AudioInput
 
     clip = read_wav(wav)

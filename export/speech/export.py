@@ -46,7 +46,7 @@ ENCODER_OUTPUTS = ["encoder_hidden_states", "encoder_keys", "encoder_attention_m
 # (seen voices) with the 1,926-step model, from scale 1.0-1.5 x offset 0-12: CER 81.1% without the hint,
 # 50.9% at (1.0, 3), 52.6% at (1.15, 3); higher scales let more of the speller's loops through.
 LENGTH_HINT = {"output": "ctc_length", "scale": 1.0, "offset": 3}
-# Joint CTC/attention decoding (server/ctc_prefix.py): the CTC head's share of every candidate's score.
+# Joint CTC/attention decoding (server/decoding/ctc_prefix.py): the CTC head's share of every candidate's score.
 CTC_WEIGHT = 0.3
 # Beams of a request that names no search. Chosen with the CTC weight on version 3's dev clips (beam 4: CTC
 # 0.5 -> 0.3, WER 50.8 -> 45.0%; beam 8 gained 1.6 more at half the speed). Its test clips, greedy at 0.5 ->

@@ -2,7 +2,7 @@
 
 Training must see exactly what the server computes, so a WAV file takes the server's path: `read_wav` ->
 mono samples -> `resample` to the model's rate (a no-op for the 16 kHz corpus) -> `log_mel`
-(server/features.py). `FEATURES` is the one home of the feature parameters: the exporter writes the
+(server/inputs/features.py). `FEATURES` is the one home of the feature parameters: the exporter writes the
 manifest's `input.features` from it.
 
 A split's cache is two files in the cache folder: `<split>.npy`, every utterance's (T, n_mels) float32
@@ -23,8 +23,8 @@ import pathlib
 import numpy as np
 from tqdm import tqdm
 
-from attnserve.server.audio import read_wav, resample
-from attnserve.server.features import LogMelSpec, log_mel
+from attnserve.server.inputs.audio import read_wav, resample
+from attnserve.server.inputs.features import LogMelSpec, log_mel
 
 # The model's features: 80 HTK-mel bands of 25 ms windows every 10 ms at 16 kHz (docs/model-contract.md).
 FEATURES = LogMelSpec(sample_rate_hz=16000, n_mels=80, window_ms=25, shift_ms=10, n_fft=512, log_floor=1e-10)

@@ -1,4 +1,4 @@
-"""Builds the speech recognizer's character n-gram LM for shallow fusion (server/ngram_lm.py).
+"""Builds the speech recognizer's character n-gram LM for shallow fusion (server/decoding/ngram_lm.py).
 
 Its text is the transcript of every sentence the speech corpus may train on: the translation corpus's train
 split, through the same selection and normalisation as the recordings (export/speech/text.py), so no dev or

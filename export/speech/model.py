@@ -1,6 +1,6 @@
 """Listen, attend and spell (Chan et al. 2015): a pyramid BiLSTM `Listener` and an attentional LSTM `Speller`.
 
-The Listener reads log-mel frames (server/features.py) with a bidirectional LSTM, then `pyramid_layers`
+The Listener reads log-mel frames (server/inputs/features.py) with a bidirectional LSTM, then `pyramid_layers`
 pyramid BiLSTMs, each of which concatenates neighbouring pairs of the layer below and so halves time:
 3 pyramid layers turn 100 frames/s into 12.5 positions/s (8x, 80 ms per attention column). A CTC head
 (training only) reads the layer with 4x reduction: 8x leaves too few frames for fast speech's characters,
@@ -299,11 +299,11 @@ class ListenAttendSpell(nn.Module):
         """Reference greedy search (PyTorch, batch-synchronous) for parity tests and evaluation.
 
         With a `ctc_weight`, every candidate is ranked by (1 - w) log p_speller + w x its CTC prefix score, by
-        the scorer the server uses (server/ctc_prefix.py): joint CTC/attention decoding as served.
+        the scorer the server uses (server/decoding/ctc_prefix.py): joint CTC/attention decoding as served.
 
         Returns per row the generated ids (EOS excluded) and a (steps, S) attention tensor.
         """
-        from attnserve.server.ctc_prefix import CTCPrefixScorer
+        from attnserve.server.decoding.ctc_prefix import CTCPrefixScorer
 
         memory, keys, reduced, h, c, _, ctc_log_probs, ctc_lengths = self.encode_for_serving(features, mask)
         state = [h, c, self.initial_context(features.shape[0]), torch.zeros(reduced.shape)]

@@ -160,7 +160,7 @@ def ctc_lines(w: float) -> list[str]:
     if not w:
         return []
     return [f"- Joint CTC/attention decoding: every candidate character is ranked by {1 - w:g} x the speller's"
-            f" log-probability + {w:g} x its CTC prefix score (server/ctc_prefix.py), so the speller cannot loop,"
+            f" log-probability + {w:g} x its CTC prefix score (server/decoding/ctc_prefix.py), so the speller cannot loop,"
             " skip or stop early unopposed."]
 
 
@@ -232,7 +232,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
         *comparison_lines(scores, previous),
         "",
         "Word timing: the server's word timestamps (the monotonic path through each clip's attention,",
-        "server/timestamps.py) against the synthesizer's own word times, for every served word that matches a",
+        "server/attention/timestamps.py) against the synthesizer's own word times, for every served word that matches a",
         "reference word.",
         "",
         *closing_lines(scores, model_dir),

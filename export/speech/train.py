@@ -8,7 +8,7 @@ weights (`--init-weights`, e.g. a float16 file from `--save-weights`) with a fre
 
 Seeded and resumable: the run folder keeps `last.pt` (rerunning the same command continues from it, at the
 same batch of the same epoch; `touch <run>/STOP` makes a running training checkpoint and end at once) and `best.pt` (lowest seen-voice dev CER), and logs to `<run>/train.log`.
-The log-mel features of each split are computed once (server/features.py, so training features are the
+The log-mel features of each split are computed once (server/inputs/features.py, so training features are the
 served features) and cached under `--features` (fingerprinted: a rebuilt corpus is recomputed). Only `dev` (held-out sentences, seen voices) selects the
 model; the held-out voices are for evaluation alone.
 

@@ -127,7 +127,7 @@ class Clip:
 
 def sample_times(duration: float, frames: int = FRAMES) -> np.ndarray:
     """The times the model's frames show: the middle of each of `frames` equal stretches of the clip
-    (the server samples a decoded video the same way, server/video.py)."""
+    (the server samples a decoded video the same way, server/inputs/video.py)."""
     return (np.arange(frames) + 0.5) * duration / frames
 
 

@@ -167,7 +167,7 @@ class VideoShowAttendTell(nn.Module):
 
 
 def normalize(frames: torch.Tensor, cfg: VideoCaptionerConfig) -> torch.Tensor:
-    """(B, T, H, W, 3) uint8 -> (B, T, 3, H, W) float32, as the server normalises (server/video.py)."""
+    """(B, T, H, W, 3) uint8 -> (B, T, 3, H, W) float32, as the server normalises (server/inputs/video.py)."""
     x = frames.permute(0, 1, 4, 2, 3).float() / 255.0
     mean = torch.tensor(cfg.mean).view(1, 1, 3, 1, 1)
     std = torch.tensor(cfg.std).view(1, 1, 3, 1, 1)

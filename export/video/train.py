@@ -9,7 +9,7 @@ it; `touch <run>/STOP` checkpoints and ends at once) and `best.pt` (highest dev 
 `<run>/train.log`. Only `dev` selects the model; `test` and `compositional` are for export/video/evaluate.py.
 
 A share of the training clips (`large_share`) is drawn at twice the frame size and brought down by the
-server's own resize (server/image.py), as the server resizes every decoded video frame.
+server's own resize (server/inputs/image.py), as the server resizes every decoded video frame.
 
 The loss is the words' cross-entropy plus each training-only head's (model.py), weighted: per frame, the
 objects visible in it (opacity at least one half), and whether an action is under way (the clip's action
@@ -92,7 +92,7 @@ class ClipData:
             return self.renderer.frames(clip, size, times)
         from PIL import Image
 
-        from attnserve.server.image import resize
+        from attnserve.server.inputs.image import resize
 
         return np.stack([resize(Image.fromarray(f), size, size) for f in self.renderer.frames(clip, 2 * size, times)])
 

@@ -1,0 +1,57 @@
+"""The request as the decode loop consumes it: validated, its input preprocessed, resolved against its model.
+
+server/engine/validation.py builds it from a `GenerationRequest`; the strategies (server/decoding/search.py), the output
+rules and the result builder read it; server/engine/reranking.py derives forced requests from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from attnserve.server.generation import AttentionReduction, GenerationRequest, SamplingOptions
+from attnserve.server.inputs.preprocessing import Source
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedRequest:
+    """A validated request, its input preprocessed and resolved against its model; what the decode loop consumes."""
+
+    request: GenerationRequest
+    # The input as its kind's preprocessor prepared it (token ids, log-mel frames, pixels).
+    source: Source
+    # The resolved target language and the decoder start token for it.
+    target_language: str
+    start_id: int
+    # Resolved limit on generated tokens (EOS not counted), >= 1.
+    max_new_tokens: int
+    beam_size: int
+    # Non-negative decoder layer of the returned attention; None when no attention was asked for.
+    attention_layer: int | None
+    # Decoder layer whose attention gives word timestamps (audio input); None when there are none.
+    timestamp_layer: int | None = None
+    # How many of the best sequences to return (<= beam_size).
+    num_return_sequences: int = 1
+    # EOS is forbidden before this many tokens; 0 = no minimum.
+    min_new_tokens: int = 0
+    # No n-gram of this size repeats in the output; 0 = no guard.
+    no_repeat_ngram_size: int = 0
+    # Sample each token (beam_size 1); its seed is always set here. None = greedy or beam search.
+    sampling: SamplingOptions | None = None
+    # Non-negative heads of attention_layer to combine (empty = all), and how.
+    attention_heads: tuple[int, ...] = ()
+    attention_reduction: AttentionReduction = AttentionReduction.MEAN
+    # Tokens every step takes, EOS last (greedy rows only): the request scores this output instead of
+    # searching one (server/engine/reranking.py builds such requests). None = search.
+    forced_ids: tuple[int, ...] | None = None
+    # DecodingOptions.reverse_weight > 0: the language to translate the candidates back into.
+    reverse_language: str | None = None
+    # The token the first step must output (manifest forced_first_token: NLLB's target-language token);
+    # None = the model chooses.
+    forced_first_id: int | None = None
+    # Glossary terms the output must contain (server/decoding/glossary.py Constraint); () = none.
+    constraints: tuple = ()
+
+    @property
+    def keeps_attention(self) -> bool:
+        """Whether decoding must keep this request's attention (returned, or read for timestamps)."""
+        return self.attention_layer is not None or self.timestamp_layer is not None
