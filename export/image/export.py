@@ -145,27 +145,36 @@ def parity(model: ShowAttendTell, model_dir: pathlib.Path, batches=PARITY_BATCHE
 
     Both sides get the same tokens step by step, each its own state, so differences accumulate as served.
     """
+    rng, model, size = np.random.default_rng(seed), model.eval(), model.cfg.image_size
+    images = (torch.from_numpy(rng.normal(0, 1, (batch, 3, size, size)).astype(np.float32)) for batch in batches)
+    return chained_parity(model, model_dir, images, steps, rng, vocabulary.START_ID)
+
+
+def chained_parity(model: nn.Module, model_dir: pathlib.Path, inputs, steps: int, rng, start_id: int) -> dict:
+    """Largest |ONNX Runtime - PyTorch| per output of the graphs in `model_dir` over each `pixel_values` of
+    `inputs`, the decoder chained `steps` steps on random tokens from `rng` (the image and clip captioners'
+    graphs share their inputs, outputs and state)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     encoder = ort.InferenceSession(str(model_dir / "encoder.onnx"), options, providers=["CPUExecutionProvider"])
     decoder = ort.InferenceSession(str(model_dir / "decoder.onnx"), options, providers=["CPUExecutionProvider"])
-    rng, model, worst, size = np.random.default_rng(seed), model.eval(), {}, model.cfg.image_size
+    worst: dict[str, float] = {}
 
     def record(names, onnx, torch_):
         for n, o, p in zip(names, onnx, torch_):
             worst[n] = max(worst.get(n, 0.0), float(np.abs(o - p.numpy()).max()))
 
-    for batch in batches:
-        pixels = torch.from_numpy(rng.normal(0, 1, (batch, 3, size, size)).astype(np.float32))
+    for pixels in inputs:
+        batch = pixels.shape[0]
         onnx_enc = encoder.run(None, {"pixel_values": pixels.numpy()})
         with torch.no_grad():
             memory, keys, h, c = model.encode(pixels)
         record(ENCODER_OUTPUTS, onnx_enc, [memory, keys, h, c])
         onnx_state = onnx_enc[2:4]
         for _ in range(steps):
-            ids = torch.from_numpy(rng.integers(vocabulary.START_ID, model.cfg.vocab_size, (batch,)))
+            ids = torch.from_numpy(rng.integers(start_id, model.cfg.vocab_size, (batch,)))
             feeds = [ids[:, None].numpy(), onnx_enc[0], onnx_enc[1], *onnx_state]
             onnx_dec = decoder.run(None, dict(zip(DECODER_INPUTS, feeds)))
             with torch.no_grad():

@@ -31,6 +31,7 @@ from attnserve.export.image.export import (
     STATE,
     STATIC,
     DecoderStepGraph,
+    chained_parity,
 )
 from attnserve.export.onnx_export import write_tokenizer_and_manifest
 from attnserve.export.video import vocabulary
@@ -129,34 +130,10 @@ def parity(model: VideoShowAttendTell, model_dir: pathlib.Path, shapes=PARITY_SH
            seed: int = 0) -> dict:
     """Largest |ONNX Runtime - PyTorch| per output over random clips of each (batch, frames) shape, the decoder
     chained `steps` steps (both sides fed the same tokens, each its own state)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    encoder = ort.InferenceSession(str(model_dir / "encoder.onnx"), options, providers=["CPUExecutionProvider"])
-    decoder = ort.InferenceSession(str(model_dir / "decoder.onnx"), options, providers=["CPUExecutionProvider"])
-    rng, model, worst, size = np.random.default_rng(seed), model.eval(), {}, model.cfg.frame_size
-
-    def record(names, onnx, torch_):
-        for n, o, p in zip(names, onnx, torch_):
-            worst[n] = max(worst.get(n, 0.0), float(np.abs(o - p.numpy()).max()))
-
-    for batch, frames in shapes:
-        pixels = torch.from_numpy(rng.normal(0, 1, (batch, frames, 3, size, size)).astype(np.float32))
-        onnx_enc = encoder.run(None, {"pixel_values": pixels.numpy()})
-        with torch.no_grad():
-            memory, keys, h, c = model.encode(pixels)
-        record(ENCODER_OUTPUTS, onnx_enc, [memory, keys, h, c])
-        onnx_state = onnx_enc[2:4]
-        for _ in range(steps):
-            ids = torch.from_numpy(rng.integers(vocabulary.START_ID, model.cfg.vocab_size, (batch,)))
-            feeds = [ids[:, None].numpy(), onnx_enc[0], onnx_enc[1], *onnx_state]
-            onnx_dec = decoder.run(None, dict(zip(DECODER_INPUTS, feeds)))
-            with torch.no_grad():
-                logits, h, c, weights = model.speller.step(ids, h, c, memory, keys)
-            record(DECODER_OUTPUTS, onnx_dec, [logits, h, c, weights[:, None, None, :]])
-            onnx_state = onnx_dec[1:3]
-    return worst
+    rng, model, size = np.random.default_rng(seed), model.eval(), model.cfg.frame_size
+    clips = (torch.from_numpy(rng.normal(0, 1, (batch, frames, 3, size, size)).astype(np.float32))
+             for batch, frames in shapes)
+    return chained_parity(model, model_dir, clips, steps, rng, vocabulary.START_ID)
 
 
 def main() -> None:
