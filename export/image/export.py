@@ -94,11 +94,6 @@ def build_manifest(model: ShowAttendTell, name: str, version: int, max_bytes: in
                    max_pixels: int = 40_000_000, description: str | None = None) -> dict:
     """The image manifest: grid features and keys are static; h and c are replaced state."""
     cfg = model.cfg
-    state = [
-        {"input": past, "output": present, "update": "replace", "batch_axis": 0, "dtype": "float32",
-         "shape": ["batch", cfg.decoder_hidden], "init": {"from": init}}
-        for past, present, init in STATE
-    ]
     return {
         "format_version": 1,
         "name": name,
@@ -119,6 +114,19 @@ def build_manifest(model: ShowAttendTell, name: str, version: int, max_bytes: in
             "grid": {"rows": cfg.grid, "cols": cfg.grid},
             "max_bytes": max_bytes, "max_pixels": max_pixels,
         },
+        **graph_sections(cfg),
+    }
+
+
+def graph_sections(cfg) -> dict:
+    """The manifest's graph half, the same for the image and the clip captioner: the attention, the graphs'
+    names, the (memory, keys) static inputs and the replaced (h, c) state."""
+    state = [
+        {"input": past, "output": present, "update": "replace", "batch_axis": 0, "dtype": "float32",
+         "shape": ["batch", cfg.decoder_hidden], "init": {"from": init}}
+        for past, present, init in STATE
+    ]
+    return {
         "limits": {"max_new_tokens": cfg.max_words},
         "attention": {"output": "cross_attentions", "layers": 1, "heads": 1, "default_layer": -1},
         "encoder": {"file": "encoder.onnx", "inputs": {"pixel_values": "pixel_values"}},

@@ -14,7 +14,6 @@ of ONNX Runtime against PyTorch at batch sizes and frame counts unlike the expor
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 
@@ -32,6 +31,7 @@ from attnserve.export.image.export import (
     STATIC,
     DecoderStepGraph,
     chained_parity,
+    graph_sections,
 )
 from attnserve.export.onnx_export import write_tokenizer_and_manifest
 from attnserve.export.video import vocabulary
@@ -84,8 +84,6 @@ def build_manifest(model: VideoShowAttendTell, name: str, version: int, limits: 
                    description: str | None = None) -> dict:
     """The video manifest: (frame, cell) memory and keys are static; h and c are replaced state."""
     cfg = model.cfg
-    state = [{"input": past, "output": present, "update": "replace", "batch_axis": 0, "dtype": "float32",
-              "shape": ["batch", cfg.decoder_hidden], "init": {"from": init}} for past, present, init in STATE]
     return {
         "format_version": 1,
         "name": name,
@@ -106,13 +104,7 @@ def build_manifest(model: VideoShowAttendTell, name: str, version: int, limits: 
             "grid": {"rows": cfg.grid, "cols": cfg.grid},
             "limits": dict(limits or LIMITS),
         },
-        "limits": {"max_new_tokens": cfg.max_words},
-        "attention": {"output": "cross_attentions", "layers": 1, "heads": 1, "default_layer": -1},
-        "encoder": {"file": "encoder.onnx", "inputs": {"pixel_values": "pixel_values"}},
-        "decoder": {"file": "decoder.onnx", "inputs": {"input_ids": "input_ids"}, "outputs": {"logits": "logits"}},
-        "static": [{"from": n, "to": n, "batch_axis": 0, "source_axis": 1} for n in STATIC],
-        "state": state,
-        "model_config": dataclasses.asdict(cfg),
+        **graph_sections(cfg),
     }
 
 
