@@ -27,20 +27,23 @@ import threading
 import time
 from collections.abc import Callable
 
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.decoded_size import decoded_bytes
+from attnserve.server.engine.option_fields import bounded, check, mirror
 from attnserve.server.generation import GenerationRequest, OverloadedError
 
 
 @dataclasses.dataclass(frozen=True)
 class IntakeOptions:
-    workers: int = 1  # preprocessing threads per model
-    max_queued: int = 32  # requests waiting for a preprocessing thread, per model; more are refused
-    max_decoded_bytes: int = 512 << 20  # decoded input bytes being or waiting to be preprocessed, per model
+    workers: int = bounded(1, least=1)  # preprocessing threads per model
+    # Requests waiting for a preprocessing thread, per model; more are refused. As deep as the engine's own
+    # queue behind it: a shallower one refused 64 concurrent clients of cheap text requests (a text waits
+    # microseconds here) before the engine ever queued one. Big inputs are bounded by max_decoded_bytes.
+    max_queued: int = mirror(BatchingOptions, "max_queue_size")
+    max_decoded_bytes: int = bounded(512 << 20, least=1)  # decoded input bytes being or waiting to be preprocessed
 
     def __post_init__(self):
-        for name in ("workers", "max_queued", "max_decoded_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"IntakeOptions.{name} must be >= 1, got {getattr(self, name)}")
+        check(self)
 
 
 class Intake:

@@ -16,6 +16,7 @@ import dataclasses
 
 from attnserve.server import convert
 from attnserve.server.edge import logging_setup
+from attnserve.server.edge.intake import IntakeOptions
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.option_fields import bounded, mirror, problems
 from attnserve.server.model.runtime_options import DEVICES, RuntimeOptions
@@ -70,8 +71,8 @@ class ServeOptions:
     max_inflight_request_mb: float = bounded(256.0, above=0)
     # Threads per model that validate and decode inputs (server/edge/intake.py), and requests per model waiting
     # for them; more are RESOURCE_EXHAUSTED.
-    preprocess_threads: int = bounded(1, least=1)
-    max_preprocess_queue: int = bounded(32, least=1)
+    preprocess_threads: int = mirror(IntakeOptions, "workers")
+    max_preprocess_queue: int = mirror(IntakeOptions, "max_queued")
     # MiB per model that inputs being preprocessed decode to (pixels x channels, samples x 4), read from
     # their headers before decoding; more are RESOURCE_EXHAUSTED.
     max_decoded_mb: float = bounded(512.0, above=0)
