@@ -21,7 +21,7 @@ import pathlib
 import threading
 import time
 
-from attnserve.export.train import read_pairs
+from attnserve.export.translation.train import read_pairs
 from attnserve.server.decoding import batch, kv_cache, slots
 from attnserve.server.model import runtime
 from attnserve.server.generation import GREEDY, GenerationRequest

@@ -5,7 +5,7 @@
 In process, one intra-op thread: the first --sentences test-split sentences (half each direction) are
 submitted at once, as a client with a burst would, to two engines of the bundled translator, one with the
 split (the default) and one without (`--no-length-split`), in turn for --repeats rounds so that a slow spell
-of the machine hits both. `--int8-models` (a copy of models/ that `attnserve.export.quantize` was run on)
+of the machine hits both. `--int8-models` (a copy of models/ that `attnserve.export.common.quantize` was run on)
 adds the same pair on the int8 variant. Reported per engine: generated tokens/s (median), decoder calls,
 rows per call, the source positions the decoder read per round and the share of them that was padding, and
 how many outputs equal the other engine's.

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnserve.export.model import subsequent_mask
+from attnserve.export.translation.model import subsequent_mask
 from attnserve.server.decoding.batch import Batch
 from attnserve.server.decoding.decoding import decode, make_strategy
 from attnserve.server.generation import FinishReason, GenerationRequest

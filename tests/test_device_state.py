@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 import pytest
 
-from attnserve.export import server_graphs
+from attnserve.export.common import server_graphs
 from attnserve.server import convert
 from attnserve.server.decoding import kv_cache
 from attnserve.server.edge import app

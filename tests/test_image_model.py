@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnserve.export.architectures import load_checkpoint
+from attnserve.export.translation.architectures import load_checkpoint
 from attnserve.export.image import build, export, scenes, scoring, train, vocabulary
 from attnserve.export.image.objects import OBJECTS
 from attnserve.export.image.scenes import Placed, Scene

@@ -187,7 +187,7 @@ def test_tokenizer_json_equals_marian_tokenizer_on_1200_lines_each_way(engine, h
 @pytest.mark.parametrize("variant", ["int8", "fp16"])
 def test_lower_precision_variants_serve_and_their_agreement_with_float32_is_reported(repo, engine, variant, tmp_path):
     if variant == "fp16":  # written by the same quantizer the --variant flag runs (the fixture made int8)
-        from attnserve.export.quantize import quantize_folder
+        from attnserve.export.common.quantize import quantize_folder
 
         shutil.copytree(repo / NAME, tmp_path / NAME)
         quantize_folder(tmp_path / NAME / "1", "fp16")

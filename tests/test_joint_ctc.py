@@ -38,7 +38,7 @@ def write_repo(root, model, tokenizer, weight: float | None, lm=None, lm_weight:
     n-gram `lm` is shipped as lm.npz with `lm_weight` (manifest language_model)."""
     import tiny_speech
 
-    from attnserve.export import bpe
+    from attnserve.export.translation import bpe
 
     folder = root / NAME / "1"
     tiny_speech.export(model, folder, ctc=True)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnserve.clients.client import audio_request
-from attnserve.export.ngram_build import build
+from attnserve.export.common.ngram_build import build
 from attnserve.server.edge import app
 from attnserve.server.inputs.audio import read_wav, resample
 from attnserve.server.inputs.features import log_mel
@@ -40,7 +40,7 @@ def tiny_lm(vocab: int, start: int):
 
 def write_repo(root, model, tokenizer, lm_weight: float | None, ctc_weight: float | None = CTC_WEIGHT, lm=None):
     """The tiny speech model with `tiny_lm` (or `lm`) fused at `lm_weight`; None ships no LM."""
-    from attnserve.export import bpe
+    from attnserve.export.translation import bpe
 
     if lm_weight is not None and lm is None:
         lm = tiny_lm(tokenizer.get_vocab_size(), bpe.language_token_ids(tokenizer)["en"])

@@ -112,8 +112,8 @@ def test_the_installed_wheel_serves_from_outside_the_checkout(wheel, tmp_path, t
 
 
 _WHERE = """
-import attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.corpus
-for module in (attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.corpus):
+import attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.translation.corpus
+for module in (attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.translation.corpus):
     print(module.__file__)
 """
 

@@ -231,7 +231,7 @@ def decoder_graph(w: Weights) -> onnx.ModelProto:
 
 
 def manifest(tokenizer, init_hidden="initial_state.hidden") -> dict:
-    from attnserve.export import bpe
+    from attnserve.export.translation import bpe
 
     tags = bpe.language_token_ids(tokenizer)
     inits = {"past_state.hidden": {"from": init_hidden} if init_hidden else "zeros",

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnserve.export import bpe
+from attnserve.export.translation import bpe
 from attnserve.server import convert
 from attnserve.server.edge import app
 from attnserve.server.engine.batcher import BatchingOptions

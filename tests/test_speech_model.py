@@ -14,7 +14,7 @@ import onnx
 import pytest
 import torch
 
-from attnserve.export.cpu_bf16 import has_native_bf16
+from attnserve.export.common.cpu_bf16 import has_native_bf16
 from attnserve.export.speech import vocabulary
 from attnserve.export.speech.export import CTC_WEIGHT, PARITY_CASES, export_model, parity, served_length_limit
 from attnserve.export.speech.feature_cache import FEATURES, load_split, wav_features
@@ -388,7 +388,7 @@ def test_evaluation_decoding_variants_change_only_the_manifests_decoding_fields(
 
 
 def test_evaluation_can_fuse_an_lm_the_model_does_not_ship(repo, tmp_path):
-    from attnserve.export.ngram_build import build
+    from attnserve.export.common.ngram_build import build
     from attnserve.export.speech.evaluate import decoding_variant
 
     folder = repo / NAME / "1"

@@ -25,7 +25,7 @@ from torch import nn
 
 from attnserve.export.image import vocabulary
 from attnserve.export.image.model import ShowAttendTell
-from attnserve.export.onnx_export import write_tokenizer_and_manifest
+from attnserve.export.translation.onnx_export import write_tokenizer_and_manifest
 
 OPSET = 17
 # Decoder state: (past input, present output, the encoder output it starts from).

@@ -10,7 +10,7 @@ kind. A learned embedding of each cell's position is added to its features, so t
 through attention says *where* as well as *what* ("to the left of" needs both).
 
 The Speller follows the paper's soft attention: at each step the previous hidden state queries the grid with
-an additive score (export/recurrent.py's `AdditiveAttention`, the keys W_k a_i projected once per image), a
+an additive score (export/translation/recurrent.py's `AdditiveAttention`, the keys W_k a_i projected once per image), a
 gate beta = sigmoid(f(h)) scales the context, the LSTM reads the previous word and the gated context, and
 the word comes from the deep output layer L_o(E y + L_h h + L_z z). Its initial h and c come from the mean of
 the grid features *without* their position embeddings: the Speller starts knowing which objects are there,
@@ -37,7 +37,7 @@ from torch import nn
 
 from attnserve.export.image import vocabulary
 from attnserve.export.image.objects import OBJECTS
-from attnserve.export.recurrent import AdditiveAttention, greedy_search
+from attnserve.export.translation.recurrent import AdditiveAttention, greedy_search
 
 
 @dataclasses.dataclass(frozen=True)

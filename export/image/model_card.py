@@ -17,7 +17,7 @@ import torch
 
 from attnserve.export.image.model import ShowAttendTellConfig
 from attnserve.export.image.objects import OBJECTS
-from attnserve.export.model_card import size_table, write_card
+from attnserve.export.translation.model_card import size_table, write_card
 
 POINTING_TARGET = 0.8  # the aim for strict pointing
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from attnserve.export.image.model import Encoder, ShowAttendTellConfig, Speller
-from attnserve.export.recurrent import greedy_search
+from attnserve.export.translation.recurrent import greedy_search
 from attnserve.export.video import vocabulary
 from attnserve.export.video.clips import FRAMES, OBJECT_SET
 

@@ -2,7 +2,7 @@
 encoder.onnx, decoder.onnx (one cached step that also returns its cross-attention), manifest.json and
 tokenizer.json, in one version folder of a model repository.
 
-    python -m attnserve.export.onnx_export --checkpoint runs/zh-en/best.pt --out models/translate-zh-en/1
+    python -m attnserve.export.translation.onnx_export --checkpoint runs/zh-en/best.pt --out models/translate-zh-en/1
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 from torch import nn
 from tokenizers import Tokenizer
 
-from attnserve.export import bpe
-from attnserve.export.architectures import load_checkpoint
-from attnserve.export.model import Transformer, TransformerConfig
+from attnserve.export.translation import bpe
+from attnserve.export.translation.architectures import load_checkpoint
+from attnserve.export.translation.model import Transformer, TransformerConfig
 
 OPSET = 17
 
@@ -249,7 +249,7 @@ def export_model(
         manifest = build_manifest(model.cfg, tokenizer, name, version, **extra)
     else:
         # Imported here: the recurrent exporter builds on this module's shared manifest fields.
-        from attnserve.export import recurrent_export
+        from attnserve.export.translation import recurrent_export
 
         recurrent_export.export_graphs(model, out_dir)
         manifest = recurrent_export.build_manifest(model.cfg, tokenizer, name, version, **extra)

@@ -1,4 +1,4 @@
-"""Trains a bidirectional zh-TW <-> en translator on data/corpus (built by attnserve.export.corpus.build):
+"""Trains a bidirectional zh-TW <-> en translator on data/corpus (built by attnserve.export.translation.corpus.build):
 the Transformer (`--arch transformer`, the default) or the recurrent translator (`--arch recurrent`).
 
 Seeded, resumable (the run folder keeps `last.pt`; rerunning the same command continues from it; `touch <run>/STOP`
@@ -6,8 +6,8 @@ makes a running training checkpoint and end at once), logs to
 `<run>/train.log`. One model serves both directions: every pair gives an en->zh and a zh->en example, and
 the decoder starts with the target-language token.
 
-    python -m attnserve.export.train --corpus data/corpus --run ~/.cache/attnserve/runs/zh-en --minutes 90
-    python -m attnserve.export.train --arch recurrent --tokenizer models/translate-zh-en/1/tokenizer.json \
+    python -m attnserve.export.translation.train --corpus data/corpus --run ~/.cache/attnserve/runs/zh-en --minutes 90
+    python -m attnserve.export.translation.train --arch recurrent --tokenizer models/translate-zh-en/1/tokenizer.json \
         --corpus data/corpus --run ~/.cache/attnserve/runs/zh-en-rnn --minutes 90
 """
 
@@ -28,10 +28,11 @@ from tokenizers import Tokenizer
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from attnserve.export import bpe, cpu_bf16
-from attnserve.export.architectures import build_model, checkpoint_fields
-from attnserve.export.average_checkpoints import average_state_dicts
-from attnserve.export.recurrent import ATTENTION_SCORES
+from attnserve.export.common import cpu_bf16
+from attnserve.export.translation import bpe
+from attnserve.export.translation.architectures import build_model, checkpoint_fields
+from attnserve.export.common.average_checkpoints import average_state_dicts
+from attnserve.export.translation.recurrent import ATTENTION_SCORES
 
 log = logging.getLogger("attnserve.train")
 

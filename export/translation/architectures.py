@@ -9,8 +9,8 @@ import torch
 from tokenizers import Tokenizer
 
 from attnserve.export.image.model import ShowAttendTell, ShowAttendTellConfig
-from attnserve.export.model import Transformer, TransformerConfig
-from attnserve.export.recurrent import RecurrentConfig, RecurrentTranslator
+from attnserve.export.translation.model import Transformer, TransformerConfig
+from attnserve.export.translation.recurrent import RecurrentConfig, RecurrentTranslator
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig
 
 # Checkpoint "arch" -> (model class, config class). Checkpoints without the key predate the recurrent model.
