@@ -22,9 +22,9 @@ import time
 import sentences  # bench/, beside this script
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
+from attnserve.server.engine.scheduler import SchedulingOptions
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
-from attnserve.server.engine.scheduler import SchedulingOptions
 
 WAIT = 600
 

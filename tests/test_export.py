@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from attnserve.export.common.onnx_graphs import graph_names
 from attnserve.export.translation import bpe
-from attnserve.export.translation.onnx_export import graph_names
 
 ATOL = 1e-4
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from attnserve.export.translation.architectures import build_model, checkpoint_fields
+from attnserve.export.common.training import checkpoint_fields
+from attnserve.export.translation.architectures import build_model
 from attnserve.export.translation.extend_vocabulary import extend_checkpoint, extended_tokenizer, unknown_characters
 
 NEW_TEXT = "他說謊了，狼來了。"

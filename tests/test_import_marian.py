@@ -317,8 +317,8 @@ for name in ("torch", "transformers", "sentencepiece", "onnx"):
 from attnserve.clients import cli
 cli._parser()  # `attnserve import` is listed; its importer is not loaded
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import DecodingOptions, GenerationRequest
 from attnserve.server.engine.registry import load_engine
+from attnserve.server.generation import DecodingOptions, GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 engine = load_engine(find_models({str(repo)!r})[{NAME!r}], RuntimeOptions(), BatchingOptions())

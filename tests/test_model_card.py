@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from attnserve.export.translation.model_card import ALIGNMENT_TITLE, VERSIONS_TITLE, alignment_lines, with_section, write_card
+from attnserve.export.common.model_card import VERSIONS_TITLE, with_section, write_card
+from attnserve.export.translation.model_card import ALIGNMENT_TITLE, alignment_lines
 
 REPORT = {
     "pairs": 12,

@@ -39,8 +39,8 @@ sys.modules["torch"] = None  # any `import torch` now raises ImportError
 sys.modules["onnx"] = None
 import attnserve.server.edge.app, attnserve.clients.cli, attnserve.clients.client
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import GenerationRequest, AttentionOptions
 from attnserve.server.engine.registry import load_engines
+from attnserve.server.generation import GenerationRequest, AttentionOptions
 from attnserve.server.model.runtime import RuntimeOptions
 engines = load_engines({str(tiny_model_repo)!r}, RuntimeOptions(), BatchingOptions())
 result = engines.get("tiny-translate").generate(GenerationRequest("tiny-translate", "知識就是力量。", "en",

@@ -21,10 +21,10 @@ from attnserve.export.speech.feature_cache import FEATURES, load_split, wav_feat
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig, pad_features
 from attnserve.export.speech.specaugment import AugmentOptions, SpecAugment, warp_mel
 from attnserve.export.speech.train import Batch, TrainOptions, collate, joint_loss, make_batches
-from attnserve.server.inputs.audio import AudioPreprocessor
-from attnserve.server.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
-from attnserve.server.model.manifest import load_manifest
 from attnserve.server.engine.registry import load_engine
+from attnserve.server.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
+from attnserve.server.inputs.audio import AudioPreprocessor
+from attnserve.server.model.manifest import load_manifest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 from attnserve.server.model.tokenization import Tokenizer as ServedTokenizer

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attnserve.export.common import cpu_bf16
-from attnserve.export.translation import train
 from attnserve.export.speech import train as speech_train
+from attnserve.export.translation import train
 from tests.conftest import TINY_CORPUS
 
 

@@ -10,8 +10,8 @@ import pytest
 from attnserve.clients.client import Client
 from attnserve.export.common.quantize import quantize_folder
 from attnserve.server.edge import app
-from attnserve.server.generation import GenerationRequest
 from attnserve.server.engine.registry import load_engine
+from attnserve.server.generation import GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 

@@ -15,12 +15,12 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from attnserve.export.common.onnx_graphs import graph_names
 from attnserve.export.translation import bpe
 from attnserve.export.translation import recurrent_export
+from attnserve.export.translation.architectures import load_checkpoint
 from attnserve.export.translation.model import Transformer
 from attnserve.export.translation.recurrent import RecurrentTranslator
-from attnserve.export.translation.architectures import load_checkpoint
-from attnserve.export.translation.onnx_export import graph_names
 
 # (batch, source length, cache length): batch 1 and > 1, an empty cache and a long one.
 CASES = [(1, 5, 0), (1, 31, 12), (6, 17, 0), (6, 40, 25)]

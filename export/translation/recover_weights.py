@@ -22,20 +22,9 @@ import pathlib
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 
+from attnserve.export.common.onnx_weights import PREFIX, initializer_values
 from attnserve.export.translation.model import Transformer, TransformerConfig
-
-PREFIX = "model."
-
-
-def initializer_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    """Every initializer by name, and by the names Identity nodes give it (equal tensors are stored once)."""
-    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Identity" and node.input[0] in values:
-            values[node.output[0]] = values[node.input[0]]
-    return values
 
 
 def graph_weights(path: pathlib.Path) -> dict[str, np.ndarray]:

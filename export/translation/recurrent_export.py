@@ -16,7 +16,8 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from attnserve.export.translation.onnx_export import OPSET, translation_manifest
+from attnserve.export.common.onnx_graphs import OPSET
+from attnserve.export.translation.manifest import translation_manifest
 from attnserve.export.translation.recurrent import RecurrentConfig, RecurrentTranslator
 
 # Decoder state: (past input, present output, width attribute of the config).
