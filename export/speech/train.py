@@ -36,7 +36,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from attnserve.export.common import cpu_bf16
-from attnserve.export.common.training import inverse_sqrt, save_checkpoint
+from attnserve.export.common.training import RunClock, inverse_sqrt, save_checkpoint
 from attnserve.export.speech import vocabulary
 from attnserve.export.speech.feature_cache import SplitFeatures, load_split
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig, pad_features
@@ -336,9 +336,8 @@ def run_epochs(model, optimizer, train_data, dev_data, tokenizer, state, run, mi
     augment = SpecAugment(opts.augment)
     frames = [u.frames for u in split.utterances]
     model.train()
-    deadline = time.monotonic() + minutes * 60
-    next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
-    while time.monotonic() < deadline:
+    clock = RunClock(run, minutes, opts.checkpoint_minutes)
+    while clock.running():
         batches = make_batches(frames, opts, random.Random(opts.seed + state["epoch"]))
         progress = tqdm(batches[state["batch_in_epoch"] :], desc=f"epoch {state['epoch']}", mininterval=30)
         for indices in progress:
@@ -362,12 +361,7 @@ def run_epochs(model, optimizer, train_data, dev_data, tokenizer, state, run, mi
                 log.info("step %d epoch %d loss %.3f lr %.2e audio %.2f h, %.1f audio-s/s", state["step"],
                          state["epoch"], loss.item(), optimizer.param_groups[0]["lr"], state["audio_seconds"] / 3600,
                          speed)
-            stop = (run / "STOP").exists()  # `touch RUN/STOP`: checkpoint now and end, without losing work
-            if stop or time.monotonic() >= next_checkpoint or time.monotonic() >= deadline:
-                checkpoint(model, optimizer, dev_data, tokenizer, state, run, opts)
-                next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
-            if stop or time.monotonic() >= deadline:
-                (run / "STOP").unlink(missing_ok=True)
+            if clock.after_step(lambda: checkpoint(model, optimizer, dev_data, tokenizer, state, run, opts)):
                 return
         state["epoch"] += 1
         state["batch_in_epoch"] = 0
