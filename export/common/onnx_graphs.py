@@ -50,10 +50,25 @@ def export_step_graphs(
     src = torch.randint(6, source_vocab, (b, s))
     src_mask = torch.ones(b, s, dtype=torch.int64)
     src_mask[1, 5:] = 0
+    _export_encoder(encoder, (src, src_mask), out_dir / "encoder.onnx", names)
+    past = [torch.randn(b, heads, t, d_head) for _ in range(2 * layers)]
+    cross = [torch.randn(b, heads, s, d_head) for _ in range(2 * layers)]
+    step_inputs = (
+        torch.randint(6, target_vocab, (b, 1)),
+        torch.full((b, 1), t, dtype=torch.int64),
+        torch.ones(b, t + 1, dtype=torch.int64),
+        src_mask,
+        *past,
+        *cross,
+    )
+    _export_decoder_step(decoder, step_inputs, out_dir / "decoder.onnx", names, layers)
+
+
+def _export_encoder(encoder: nn.Module, example: tuple, path: pathlib.Path, names: dict[str, list[str]]) -> None:
     torch.onnx.export(
         encoder,
-        (src, src_mask),
-        str(out_dir / "encoder.onnx"),
+        example,
+        str(path),
         input_names=names["encoder_inputs"],
         output_names=names["encoder_outputs"],
         dynamic_axes={
@@ -66,16 +81,10 @@ def export_step_graphs(
         dynamo=False,
         external_data=False,
     )
-    past = [torch.randn(b, heads, t, d_head) for _ in range(2 * layers)]
-    cross = [torch.randn(b, heads, s, d_head) for _ in range(2 * layers)]
-    step_inputs = (
-        torch.randint(6, target_vocab, (b, 1)),
-        torch.full((b, 1), t, dtype=torch.int64),
-        torch.ones(b, t + 1, dtype=torch.int64),
-        src_mask,
-        *past,
-        *cross,
-    )
+
+
+def _export_decoder_step(decoder: nn.Module, example: tuple, path: pathlib.Path, names: dict[str, list[str]],
+                         layers: int) -> None:
     dynamic = {
         "input_ids": {0: "batch"},
         "position_ids": {0: "batch"},
@@ -89,8 +98,8 @@ def export_step_graphs(
     }
     torch.onnx.export(
         decoder,
-        step_inputs,
-        str(out_dir / "decoder.onnx"),
+        example,
+        str(path),
         input_names=names["decoder_inputs"],
         output_names=names["decoder_outputs"],
         dynamic_axes=dynamic,

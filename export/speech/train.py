@@ -278,6 +278,30 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ListenAt
     run.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(opts.seed)
     tokenizer = vocabulary.character_tokenizer()
+    train_split, train_targets, dev_split, dev_targets = _splits(corpus, features, tokenizer, opts)
+
+    # Model and optimizer: resumed from last.pt, started from other weights, or fresh (feature scale measured
+    # on training clips). The model moves to its device before the optimizer is made (and its state loaded).
+    ckpt = _starting_point(run, init_weights)
+    model, state = _model_and_state(ckpt, cfg, train_split, opts)
+    state["data"] = data_id(train_split)
+    state["ctc_weight"] = opts.ctc_weight  # the loss's mix, for the model card
+    model.to(opts.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=opts.lr)
+    if ckpt is not None and "optimizer" in ckpt and not fresh_optimizer:
+        optimizer.load_state_dict(ckpt["optimizer"])  # its state moves to the parameters' device
+    elif ckpt is not None:
+        log.info("fresh optimizer")
+    log.info("model: %s, %.2fM parameters, on %s", model.cfg, sum(p.numel() for p in model.parameters()) / 1e6,
+             opts.device)
+
+    # Epochs until the deadline, with a checkpoint every opts.checkpoint_minutes and at the end.
+    run_epochs(model, optimizer, (train_split, train_targets), (dev_split, dev_targets), tokenizer, state, run,
+               minutes, opts)
+
+
+def _splits(corpus: pathlib.Path, features: pathlib.Path, tokenizer, opts: TrainOptions):
+    """The training and dev splits (dev cut to opts.dev_clips) and their transcripts as character ids."""
     train_split = load_split(corpus, "train", features)
     dev_split = load_split(corpus, "dev", features)
     if opts.dev_clips is not None:
@@ -286,9 +310,11 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ListenAt
     dev_targets = vocabulary.encode(tokenizer, [u.text for u in dev_split.utterances])
     log.info("train %d clips (%.2f h), dev %d clips (%.2f h)", len(train_targets), train_split.seconds / 3600,
              len(dev_targets), dev_split.seconds / 3600)
+    return train_split, train_targets, dev_split, dev_targets
 
-    # Model and optimizer: resumed from last.pt, started from other weights, or fresh (feature scale measured
-    # on training clips). The model moves to its device before the optimizer is made (and its state loaded).
+
+def _starting_point(run: pathlib.Path, init_weights: pathlib.Path | None) -> dict | None:
+    """The run's last.pt; without one, `init_weights` at a new epoch with no best CER yet; else None (fresh)."""
     last = run / "last.pt"
     ckpt = torch.load(last, map_location="cpu", weights_only=False) if last.exists() else None
     if ckpt is None and init_weights is not None:
@@ -298,37 +324,28 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ListenAt
         log.info("starting from %s (step %d)", init_weights, ckpt["state"]["step"])
     elif ckpt is not None and init_weights is not None:
         log.info("%s exists: resuming it, not %s", last, init_weights)
+    return ckpt
+
+
+def _model_and_state(ckpt: dict | None, cfg: ListenAttendSpellConfig, train_split, opts: TrainOptions):
+    """The model (the checkpoint's own config wins over `cfg`) and the training state to go on from."""
     if ckpt is not None and ListenAttendSpellConfig(**ckpt["config"]) != cfg:
         log.info("resuming with the run's own model config; the command line's differs")
         cfg = ListenAttendSpellConfig(**ckpt["config"])
     model = ListenAttendSpell(cfg)
-    state = fresh_state()
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        state = ckpt["state"]
-        if "rng" in ckpt:
-            torch.set_rng_state(ckpt["rng"])
-        log.info("resumed at step %d (%.2f h of audio seen)", state["step"], state["audio_seconds"] / 3600)
-        if state.get("data") != data_id(train_split):
-            # A rebuilt corpus orders its batches differently: the saved place in the epoch means nothing.
-            log.info("the training clips changed since the last start: new epoch")
-            state["epoch"], state["batch_in_epoch"] = state["epoch"] + 1, 0
-    else:
+    if ckpt is None:
         model.set_feature_scale(feature_scale(model, train_split, opts.scale_clips, opts.seed))
-    state["data"] = data_id(train_split)
-    state["ctc_weight"] = opts.ctc_weight  # the loss's mix, for the model card
-    model.to(opts.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=opts.lr)
-    if ckpt is not None and "optimizer" in ckpt and not fresh_optimizer:
-        optimizer.load_state_dict(ckpt["optimizer"])  # its state moves to the parameters' device
-    elif ckpt is not None:
-        log.info("fresh optimizer")
-    log.info("model: %s, %.2fM parameters, on %s", cfg, sum(p.numel() for p in model.parameters()) / 1e6,
-             opts.device)
-
-    # Epochs until the deadline, with a checkpoint every opts.checkpoint_minutes and at the end.
-    run_epochs(model, optimizer, (train_split, train_targets), (dev_split, dev_targets), tokenizer, state, run,
-               minutes, opts)
+        return model, fresh_state()
+    model.load_state_dict(ckpt["model"])
+    state = ckpt["state"]
+    if "rng" in ckpt:
+        torch.set_rng_state(ckpt["rng"])
+    log.info("resumed at step %d (%.2f h of audio seen)", state["step"], state["audio_seconds"] / 3600)
+    if state.get("data") != data_id(train_split):
+        # A rebuilt corpus orders its batches differently: the saved place in the epoch means nothing.
+        log.info("the training clips changed since the last start: new epoch")
+        state["epoch"], state["batch_in_epoch"] = state["epoch"] + 1, 0
+    return model, state
 
 
 def run_epochs(model, optimizer, train_data, dev_data, tokenizer, state, run, minutes, opts) -> None:
