@@ -17,6 +17,13 @@ from torch import nn
 OPSET = 17
 
 
+def trace(module: nn.Module, example: tuple, path: str, **names_and_axes) -> None:
+    """torch.onnx.export as every exporter here runs it: the legacy TorchScript exporter (it keeps LSTM time and
+    batch axes dynamic; the dynamo exporter fixes them to the example's), at OPSET, weights inside the file."""
+    torch.onnx.export(module, example, path, **names_and_axes, opset_version=OPSET, dynamo=False,
+                      external_data=False)
+
+
 def kv_names(prefix: str, part: str, layers: int) -> list[str]:
     return [f"{prefix}.{i}.{part}.{kind}" for i in range(layers) for kind in ("key", "value")]
 
@@ -65,7 +72,7 @@ def export_step_graphs(
 
 
 def _export_encoder(encoder: nn.Module, example: tuple, path: pathlib.Path, names: dict[str, list[str]]) -> None:
-    torch.onnx.export(
+    trace(
         encoder,
         example,
         str(path),
@@ -77,9 +84,6 @@ def _export_encoder(encoder: nn.Module, example: tuple, path: pathlib.Path, name
             "encoder_hidden_states": {0: "batch", 1: "source"},
             **{n: {0: "batch", 2: "source"} for n in names["encoder_outputs"][1:]},
         },
-        opset_version=OPSET,
-        dynamo=False,
-        external_data=False,
     )
 
 
@@ -96,16 +100,13 @@ def _export_decoder_step(decoder: nn.Module, example: tuple, path: pathlib.Path,
         **{n: {0: "batch"} for n in kv_names("present", "decoder", layers)},
         "cross_attentions": {0: "batch", 3: "source"},
     }
-    torch.onnx.export(
+    trace(
         decoder,
         example,
         str(path),
         input_names=names["decoder_inputs"],
         output_names=names["decoder_outputs"],
         dynamic_axes=dynamic,
-        opset_version=OPSET,
-        dynamo=False,
-        external_data=False,
     )
 
 
