@@ -402,7 +402,7 @@ def checkpoint(model, optimizer, dev_data, tokenizer, state, run, opts) -> None:
     save_checkpoint(run / "last.pt", model, optimizer, state, tokenizer)
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=pathlib.Path, default=pathlib.Path("data/speech"))
     parser.add_argument("--run", type=pathlib.Path, default=pathlib.Path.home() / ".cache/attnserve/runs/speech-en")
@@ -439,6 +439,11 @@ def main() -> None:
                         default=(AugmentOptions.warp_min, AugmentOptions.warp_max),
                         help="range of the random mel-axis warp factor (above 1: spectra moved up, as a smaller "
                              "vocal tract; default %(default)s)")
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.bf16_listener and (why := cpu_bf16.refusal("--bf16-listener", args.device)):
         parser.error(why)
