@@ -16,7 +16,7 @@ import argparse
 import json
 import pathlib
 
-from attnserve.export.ngram_build import bits_per_token, build
+from attnserve.export.common.ngram_build import bits_per_token, build
 from attnserve.export.speech import vocabulary
 from attnserve.export.speech.build import read_corpus
 from attnserve.export.speech.text import select
