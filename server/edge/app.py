@@ -355,7 +355,8 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         engines = {name: registry.get(name) for name in registry.names()}
     from attnserve.server.engine import longform
 
-    engines = longform.wrap(engines, longform.LongFormOptions(max_seconds=options.long_form_max_minutes * 60))
+    engines = longform.wrap(engines, longform.LongFormOptions(max_seconds=options.long_form_max_minutes * 60,
+                                                              max_recordings=options.max_long_form_recordings))
     try:
         for name in list(engines):
             try:
