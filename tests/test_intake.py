@@ -16,10 +16,10 @@ import pytest
 from PIL import Image
 from prometheus_client import REGISTRY
 
-from attnserve.server import generation
+from attnserve.api import generation
 from attnserve.server.edge import app
 from attnserve.server.engine import decoded_size
-from attnserve.server.generation import AudioInput, GenerationRequest, ImageInput, OverloadedError, VideoInput
+from attnserve.api.generation import AudioInput, GenerationRequest, ImageInput, OverloadedError, VideoInput
 from attnserve.server.edge.intake import Intake, IntakeOptions
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc

@@ -19,7 +19,7 @@ from attnserve.server.inputs import audio_files
 from attnserve.server.inputs.audio import read_wav
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AudioInput,
     DecodingOptions,
     GenerationRequest,
@@ -357,7 +357,7 @@ def test_engines_in_child_processes_cut_long_recordings_as_in_process(tiny_speec
 
 
 def test_long_recordings_past_max_recordings_are_refused_until_one_ends(engine, spoken):
-    from attnserve.server.generation import OverloadedError
+    from attnserve.api.generation import OverloadedError
 
     bounded = LongFormEngine(engine._engine, dataclasses.replace(engine.options, max_recordings=1))
     try:

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import GenerationRequest, GenerationResult, ModelInfo, StreamedToken, UnavailableError
+from attnserve.api.generation import GenerationRequest, GenerationResult, ModelInfo, StreamedToken, UnavailableError
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime_options import RuntimeOptions
 

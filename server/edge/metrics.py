@@ -16,7 +16,7 @@ import prometheus_client
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from attnserve.server import generation
+from attnserve.api import generation
 
 # Latency buckets span a cached short sentence (milliseconds) to a 256-token beam search on CPU.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

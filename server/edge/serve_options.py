@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from attnserve.server import convert
+from attnserve.api import convert
 from attnserve.server.edge import logging_setup
 from attnserve.server.edge.intake import IntakeOptions
 from attnserve.server.engine.batcher import BatchingOptions

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 
-from attnserve.server.generation import GenerationRequest, VideoInput
+from attnserve.api.generation import GenerationRequest, VideoInput
 
 # A decoded sample, as the preprocessing budget counts it (float32).
 SAMPLE_BYTES = 4

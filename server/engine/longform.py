@@ -38,7 +38,7 @@ from attnserve.server.engine import limits
 from attnserve.server.engine.option_fields import bounded, check
 from attnserve.server.inputs import audio_files, segmentation
 from attnserve.server.inputs.audio import rate_ratio, resample
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AudioInput,
     FinishReason,
     GenerationRequest,
