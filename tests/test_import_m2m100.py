@@ -201,8 +201,7 @@ def test_tokenizer_json_equals_nllb_tokenizer_on_1200_lines_each_way(engine, hf,
 
 
 def test_m2m100_418m_config_graphs_equal_the_eager_model(tmp_path):
-    """The m2m100_418M config (sizes changed): the same graphs; its folder (vocab.json + spm, no
-    tokenizer.json) and its early_stopping are refused by name."""
+    """The m2m100_418M config (sizes changed): the same graphs."""
     from transformers import M2M100Config, M2M100ForConditionalGeneration
 
     from attnserve.export.importers import seq2seq_graphs
@@ -236,7 +235,8 @@ def test_m2m100_418m_config_graphs_equal_the_eager_model(tmp_path):
 
 @pytest.mark.parametrize("breakage, message", [
     (lambda d: (d / "tokenizer.json").unlink(), "missing file tokenizer.json"),  # and no vocab.json either
-    (lambda d: _edit(d / "generation_config.json", early_stopping=True), "early_stopping=True is not supported"),
+    (lambda d: _edit(d / "generation_config.json", num_beams=4, early_stopping="never"),
+     "early_stopping='never' is not supported"),
     (lambda d: _edit(d / "config.json", layernorm_embedding=True), "key 'layernorm_embedding' is not handled"),
     (lambda d: _edit(d / "tokenizer_config.json", legacy_behaviour=True), "legacy_behaviour=True is not supported"),
 ])
@@ -284,17 +284,27 @@ def m2m100(tmp_path_factory):
 
 
 def test_m2m100_served_greedy_and_beam_equal_generate(m2m100):
+    """Beams: the published generation_config's num_beams 5 with early_stopping true, the manifest's
+    default (requests name no beam_size), == generate with the checkpoint's own generation settings."""
     engine, (model, tok) = m2m100
     assert engine.info.source_languages[0] == "en" and len(engine.info.target_languages) == 100
+    assert engine.manifest.decoding.early_stopping and engine.info.default_beam_size == 5
     batch = tok(TEXTS, return_tensors="pt", padding=True)
-    for beams in (1, 5):  # 5: the checkpoint's num_beams, the manifest's default
+    late = None
+    for beams in (1, 0):  # 0: the manifest's default
         with torch.no_grad():
-            out = model.generate(**batch, max_new_tokens=MAX_NEW, num_beams=beams,
-                                 forced_bos_token_id=tok.get_lang_id("fr"))
+            out = model.generate(**batch, max_new_tokens=MAX_NEW, forced_bos_token_id=tok.get_lang_id("fr"),
+                                 **({"num_beams": beams} if beams else {}))
+            if beams == 0:
+                late = model.generate(**batch, max_new_tokens=MAX_NEW, early_stopping=False,
+                                      forced_bos_token_id=tok.get_lang_id("fr"))
         wire = [GenerationRequest("m2m", t, "fr", DecodingOptions(MAX_NEW, beams), source_language="zh") for t in TEXTS]
         results = [f.result(120) for f in [engine.submit(r) for r in wire]]
         assert [[t.id for t in r.tokens] for r in results] == [tokens_of(row) for row in out]
         assert [[t.id for t in r.source_tokens] for r in results] == [tok(t).input_ids for t in TEXTS]
+    differ = sum(tokens_of(a) != tokens_of(b) for a, b in zip(out, late))
+    print(f"M2M100 beam 5: early_stopping true and false differ on {differ}/{len(TEXTS)} sentences")
+    assert differ > 0  # so the comparison above tells the two stopping rules apart
 
 
 def test_m2m100_tokenizer_equals_m2m100_tokenizer_on_1200_lines_each_way(m2m100):

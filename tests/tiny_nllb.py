@@ -61,9 +61,8 @@ def build(folder: pathlib.Path, seed: int = 0, m2m100: bool = False) -> pathlib.
     """Writes the checkpoint folder and returns it.
 
     Args:
-        m2m100: facebook/m2m100_418M's configs and M2M100's own tokenizer files instead (its
-            `early_stopping: true` set false: the server's beam search does not stop early, and the
-            importer refuses it).
+        m2m100: facebook/m2m100_418M's configs (num_beams 5, early_stopping true, as published) and
+            M2M100's own tokenizer files instead.
     """
     import torch
     from safetensors.torch import save_file
@@ -83,9 +82,9 @@ def build(folder: pathlib.Path, seed: int = 0, m2m100: bool = False) -> pathlib.
         (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
         vocab_size = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
     config = json.loads((fixture / "config.json").read_text())
-    config.update(SIZES, vocab_size=vocab_size, max_length=MAX_LENGTH, **({"early_stopping": False} if m2m100 else {}))
+    config.update(SIZES, vocab_size=vocab_size, max_length=MAX_LENGTH)
     generation = json.loads((fixture / "generation_config.json").read_text())
-    generation.update(max_length=MAX_LENGTH, **({"early_stopping": False} if m2m100 else {}))
+    generation.update(max_length=MAX_LENGTH)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
     torch.manual_seed(seed)

@@ -168,6 +168,22 @@ class Checkpoint:
         return {p.name: _sha256(p) for p in files}
 
 
+def decoding_fields(generation: Mapping[str, object]) -> dict:
+    """The manifest's `decoding` section from generation settings: `num_beams` -> beam_size and
+    `early_stopping` (True: stop once num_beams sequences are finished) -> early_stopping; {} for greedy.
+
+    Raises:
+        ValueError: early_stopping "never" (or another non-boolean), which the server's search lacks.
+    """
+    beams, early = generation.get("num_beams", 1), generation.get("early_stopping", False)
+    if not isinstance(early, bool):
+        raise ValueError(f"generation_config.json: early_stopping={early!r} is not supported "
+                         f"(the server stops beams with true or false)")
+    if beams <= 1:
+        return {}
+    return {"decoding": {"beam_size": beams, **({"early_stopping": True} if early else {})}}
+
+
 def _sha256(path: pathlib.Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:

@@ -29,7 +29,7 @@ import re
 from tokenizers import Tokenizer
 
 from attnserve.export.importers import seq2seq_graphs
-from attnserve.export.importers.checkpoint import Checkpoint
+from attnserve.export.importers.checkpoint import Checkpoint, decoding_fields
 
 ARCHITECTURE = "M2M100ForConditionalGeneration"
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "swish", "silu")
@@ -40,10 +40,10 @@ HANDLED_KEYS = frozenset({
 })
 GENERATION_HANDLED = frozenset({
     "bos_token_id", "decoder_start_token_id", "eos_token_id", "pad_token_id", "max_length", "num_beams",
-    "forced_bos_token_id", "transformers_version", "_from_model_config",
+    "forced_bos_token_id", "early_stopping", "transformers_version", "_from_model_config",
 })
 GENERATION_DEFAULTS = {"length_penalty": 1.0, "no_repeat_ngram_size": 0, "do_sample": False,
-                       "early_stopping": False, "num_beam_groups": 1, "repetition_penalty": 1.0,
+                       "num_beam_groups": 1, "repetition_penalty": 1.0,
                        "forced_eos_token_id": None, "bad_words_ids": None}
 NLLB_CODE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")  # eng_Latn, zho_Hant
 
@@ -154,7 +154,6 @@ def build_manifest(config, generation: dict, tokenizer: Tokenizer, name: str, ve
     eos = generation.get("eos_token_id", config.eos_token_id)
     start = generation.get("decoder_start_token_id", config.decoder_start_token_id)
     max_positions = config.max_position_embeddings
-    num_beams = generation.get("num_beams", 1)
     languages = list(codes)
     return {
         "format_version": 1,
@@ -172,6 +171,6 @@ def build_manifest(config, generation: dict, tokenizer: Tokenizer, name: str, ve
         # Source: the language token, the text, </s>; output: the language token first, then the text.
         "limits": {"max_source_tokens": max_positions,
                    "max_new_tokens": min(generation.get("max_length", max_positions), max_positions) - 1},
-        **({"decoding": {"beam_size": num_beams}} if num_beams > 1 else {}),
+        **decoding_fields(generation),
         **seq2seq_graphs.manifest_graph_fields(config),
     }
