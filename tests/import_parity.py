@@ -35,3 +35,32 @@ def graph_differences(folder, ids: np.ndarray, mask: np.ndarray, sequences: np.n
         worst_lp = max(worst_lp, float(np.abs(lp - want_logprobs[:, step]).max()))
         worst_attention = max(worst_attention, float(np.abs(res["cross_attentions"] - want_attention[:, :, :, step]).max()))
     return worst_lp, worst_attention
+
+
+def edit_json(path, **changes) -> None:
+    """Sets keys of a JSON object file (a checkpoint's config.json, generation_config.json, ...)."""
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def assert_import_refused(checkpoint, tmp_path, capsys, breakage, message: str) -> None:
+    """A copy of `checkpoint` broken by `breakage(folder)` is refused with `message`, leaving no folder."""
+    import shutil
+
+    from attnserve.clients import cli
+
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint, broken)
+    breakage(broken)
+    assert cli.main(["import", str(broken), "--name", "x", "--repository", str(tmp_path / "repo")]) == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "repo" / "x" / "1").exists()
+
+
+def forward_with_attention(model, batch, sequences):
+    """The eager model's teacher-forced forward over `sequences` (decoder inputs), with attentions."""
+    import torch
+
+    with torch.no_grad():
+        return model(**batch, decoder_input_ids=sequences, output_attentions=True)

@@ -15,14 +15,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import shutil
 
 import numpy as np
 import pytest
 
 import tiny_marian
 import tiny_nllb
-from import_parity import graph_differences
+from import_parity import assert_import_refused, edit_json, forward_with_attention, graph_differences
 from attnserve.clients import cli
 from attnserve.server import convert
 from attnserve.server.engine.batcher import BatchingOptions
@@ -88,8 +87,7 @@ def request(text, beam=1, source=SOURCE, target=TARGET, **attention) -> Generati
 
 
 def forward_of(hf, batch, sequences):
-    with torch.no_grad():
-        return hf[0](**batch, decoder_input_ids=sequences, output_attentions=True)
+    return forward_with_attention(hf[0], batch, sequences)
 
 
 def test_the_widened_random_weights_attend_peakedly_and_outputs_vary(hf):
@@ -235,24 +233,13 @@ def test_m2m100_418m_config_graphs_equal_the_eager_model(tmp_path):
 
 @pytest.mark.parametrize("breakage, message", [
     (lambda d: (d / "tokenizer.json").unlink(), "missing file tokenizer.json"),  # and no vocab.json either
-    (lambda d: _edit(d / "generation_config.json", num_beams=4, early_stopping="never"),
+    (lambda d: edit_json(d / "generation_config.json", num_beams=4, early_stopping="never"),
      "early_stopping='never' is not supported"),
-    (lambda d: _edit(d / "config.json", layernorm_embedding=True), "key 'layernorm_embedding' is not handled"),
-    (lambda d: _edit(d / "tokenizer_config.json", legacy_behaviour=True), "legacy_behaviour=True is not supported"),
+    (lambda d: edit_json(d / "config.json", layernorm_embedding=True), "key 'layernorm_embedding' is not handled"),
+    (lambda d: edit_json(d / "tokenizer_config.json", legacy_behaviour=True), "legacy_behaviour=True is not supported"),
 ])
 def test_what_the_importer_cannot_map_is_refused_by_name(checkpoint, tmp_path, capsys, breakage, message):
-    broken = tmp_path / "broken"
-    shutil.copytree(checkpoint, broken)
-    breakage(broken)
-    assert cli.main(["import", str(broken), "--name", "x", "--repository", str(tmp_path / "repo")]) == 1
-    assert message in capsys.readouterr().err
-    assert not (tmp_path / "repo" / "x" / "1").exists()
-
-
-def _edit(path, **changes):
-    data = json.loads(path.read_text())
-    data.update(changes)
-    path.write_text(json.dumps(data))
+    assert_import_refused(checkpoint, tmp_path, capsys, breakage, message)
 
 
 def test_translate_from_and_to_over_grpc_reach_the_model(repo, engine, capsys):

@@ -73,11 +73,13 @@ def load_model(ckpt: Checkpoint):
     return model
 
 
-def language_codes(ckpt: Checkpoint, tokenizer_config: dict, vocab: dict[str, int]) -> dict[str, int]:
-    """NLLB's language codes and their token ids, in the tokenizer_config's order (else the vocabulary's)."""
+def language_codes(ckpt: Checkpoint, tokenizer_config: dict, vocab: dict[str, int],
+                   pattern: re.Pattern = NLLB_CODE) -> dict[str, int]:
+    """The language codes (NLLB's by default) and their token ids, in the tokenizer_config's order (else the
+    vocabulary's)."""
     listed = tokenizer_config.get("additional_special_tokens") or tokenizer_config.get("extra_special_tokens") or []
     listed = [t if isinstance(t, str) else t.get("content", "") for t in listed]
-    codes = [t for t in listed if NLLB_CODE.match(t)] or sorted((t for t in vocab if NLLB_CODE.match(t)), key=vocab.get)
+    codes = [t for t in listed if pattern.match(t)] or sorted((t for t in vocab if pattern.match(t)), key=vocab.get)
     missing = [c for c in codes if c not in vocab]
     if missing or not codes:
         raise ValueError(f"{ckpt.folder}/tokenizer.json: no token for language code(s) {missing[:5] or '(none found)'}")
@@ -150,7 +152,7 @@ def import_checkpoint(ckpt: Checkpoint, out_dir: pathlib.Path, name: str, versio
 
 
 def build_manifest(config, generation: dict, tokenizer: Tokenizer, name: str, version: int,
-                   codes: dict[str, int]) -> dict:
+                   codes: dict[str, int], family: str = "NLLB / M2M100") -> dict:
     eos = generation.get("eos_token_id", config.eos_token_id)
     start = generation.get("decoder_start_token_id", config.decoder_start_token_id)
     max_positions = config.max_position_embeddings
@@ -160,7 +162,7 @@ def build_manifest(config, generation: dict, tokenizer: Tokenizer, name: str, ve
         "name": name,
         "version": version,
         "task": "translation",
-        "description": f"NLLB / M2M100 between {len(languages)} languages, imported from a transformers checkpoint",
+        "description": f"{family} between {len(languages)} languages, imported from a transformers checkpoint",
         "languages": {"source": languages, "target": languages},
         "tokenizer": {"file": "tokenizer.json", "word_boundary": "metaspace-cjk"},
         "special_tokens": {"pad": generation.get("pad_token_id", config.pad_token_id),
