@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from attnserve.export.train import read_pairs
+from attnserve.export.translation.train import read_pairs
 from attnserve.server.generation import GREEDY, GenerationRequest
 
 

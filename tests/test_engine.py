@@ -299,7 +299,7 @@ def test_closed_engine_refuses_work(tiny_model_repo):
 
 
 def test_a_tokenizer_smaller_than_the_model_is_refused(tmp_path, tiny_model_repo):
-    from attnserve.export import bpe
+    from attnserve.export.translation import bpe
 
     repo = tmp_path / "repo"
     shutil.copytree(tiny_model_repo, repo)

@@ -39,8 +39,8 @@ sys.modules["torch"] = None  # any `import torch` now raises ImportError
 sys.modules["onnx"] = None
 import attnserve.server.edge.app, attnserve.clients.cli, attnserve.clients.client
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import GenerationRequest, AttentionOptions
 from attnserve.server.engine.registry import load_engines
+from attnserve.server.generation import GenerationRequest, AttentionOptions
 from attnserve.server.model.runtime import RuntimeOptions
 engines = load_engines({str(tiny_model_repo)!r}, RuntimeOptions(), BatchingOptions())
 result = engines.get("tiny-translate").generate(GenerationRequest("tiny-translate", "知識就是力量。", "en",
@@ -112,8 +112,8 @@ def test_the_installed_wheel_serves_from_outside_the_checkout(wheel, tmp_path, t
 
 
 _WHERE = """
-import attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.corpus
-for module in (attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.corpus):
+import attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.translation.corpus
+for module in (attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.translation.corpus):
     print(module.__file__)
 """
 

@@ -23,9 +23,9 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from attnserve.export.common.onnx_graphs import write_tokenizer_and_manifest
 from attnserve.export.image import vocabulary
 from attnserve.export.image.model import ShowAttendTell
-from attnserve.export.onnx_export import write_tokenizer_and_manifest
 
 OPSET = 17
 # Decoder state: (past input, present output, the encoder output it starts from).

@@ -10,8 +10,8 @@ kind. A learned embedding of each cell's position is added to its features, so t
 through attention says *where* as well as *what* ("to the left of" needs both).
 
 The Speller follows the paper's soft attention: at each step the previous hidden state queries the grid with
-an additive score (export/recurrent.py's `AdditiveAttention`, the keys W_k a_i projected once per image), a
-gate beta = sigmoid(f(h)) scales the context, the LSTM reads the previous word and the gated context, and
+an additive score (export/common/recurrent_layers.py's `AdditiveAttention`, the keys W_k a_i projected once
+per image), a gate beta = sigmoid(f(h)) scales the context, the LSTM reads the previous word and the gated context, and
 the word comes from the deep output layer L_o(E y + L_h h + L_z z). Its initial h and c come from the mean of
 the grid features *without* their position embeddings: the Speller starts knowing which objects are there,
 but must look to learn where, and in which order to name them. Its state (h, c) is replaced every step, the
@@ -35,9 +35,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from attnserve.export.common.recurrent_layers import AdditiveAttention, greedy_search
 from attnserve.export.image import vocabulary
 from attnserve.export.image.objects import OBJECTS
-from attnserve.export.recurrent import AdditiveAttention, greedy_search
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +180,9 @@ class Speller(nn.Module):
 
 
 class ShowAttendTell(nn.Module):
+    # The family name its checkpoints record (common/training.py).
+    ARCH = "show-attend-tell"
+
     def __init__(self, cfg: ShowAttendTellConfig):
         super().__init__()
         self.cfg = cfg

@@ -15,9 +15,9 @@ import pathlib
 
 import torch
 
+from attnserve.export.common.model_card import size_table, write_card
 from attnserve.export.image.model import ShowAttendTellConfig
 from attnserve.export.image.objects import OBJECTS
-from attnserve.export.model_card import size_table, write_card
 
 POINTING_TARGET = 0.8  # the aim for strict pointing
 

@@ -28,11 +28,11 @@ import torch
 from tokenizers import Tokenizer
 from torch.nn import functional as F
 
+from attnserve.export.common.training import inverse_sqrt, save_checkpoint
 from attnserve.export.image import scoring, vocabulary
 from attnserve.export.image.build import load_split
 from attnserve.export.image.model import ShowAttendTell, ShowAttendTellConfig, normalize
 from attnserve.export.image.objects import OBJECTS
-from attnserve.export.train import inverse_sqrt, save_checkpoint
 
 log = logging.getLogger("attnserve.image.train")
 

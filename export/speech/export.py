@@ -26,7 +26,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from attnserve.export.onnx_export import write_tokenizer_and_manifest
+from attnserve.export.common.onnx_graphs import write_tokenizer_and_manifest
 from attnserve.export.speech import vocabulary
 from attnserve.export.speech.feature_cache import FEATURES, manifest_features
 from attnserve.export.speech.model import ListenAttendSpell, pad_features

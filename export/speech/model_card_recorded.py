@@ -18,7 +18,7 @@ import pathlib
 
 import torch
 
-from attnserve.export.model_card import write_card
+from attnserve.export.common.model_card import write_card
 from attnserve.export.speech.model import ListenAttendSpellConfig
 from attnserve.export.speech.model_card import closing_lines, ctc_lines, default_search_lines, listener_lines, score_lines
 

@@ -35,9 +35,9 @@ from tokenizers import Tokenizer
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from attnserve.export import cpu_bf16
+from attnserve.export.common import cpu_bf16
+from attnserve.export.common.training import inverse_sqrt, save_checkpoint
 from attnserve.export.speech import vocabulary
-from attnserve.export.train import inverse_sqrt, save_checkpoint
 from attnserve.export.speech.feature_cache import SplitFeatures, load_split
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig, pad_features
 from attnserve.export.speech.scoring import error_rate

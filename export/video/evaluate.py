@@ -120,7 +120,7 @@ def evaluate(engine, split: str, count: int, container: str = "mp4", size: int =
 
 
 def main() -> None:
-    from attnserve.export.speech.evaluate import open_engine
+    from attnserve.export.common.serving import open_engine
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=pathlib.Path, required=True)

@@ -33,7 +33,7 @@ from attnserve.export.image.export import (
     chained_parity,
     graph_sections,
 )
-from attnserve.export.onnx_export import write_tokenizer_and_manifest
+from attnserve.export.common.onnx_graphs import write_tokenizer_and_manifest
 from attnserve.export.video import vocabulary
 from attnserve.export.video.model import VideoShowAttendTell
 

@@ -29,8 +29,8 @@ import dataclasses
 import torch
 from torch import nn
 
+from attnserve.export.common.recurrent_layers import greedy_search
 from attnserve.export.image.model import Encoder, ShowAttendTellConfig, Speller
-from attnserve.export.recurrent import greedy_search
 from attnserve.export.video import vocabulary
 from attnserve.export.video.clips import FRAMES, OBJECT_SET
 

@@ -15,7 +15,7 @@ import pathlib
 
 import torch
 
-from attnserve.export.model_card import size_table, write_card
+from attnserve.export.common.model_card import size_table, write_card
 from attnserve.export.video import clips
 from attnserve.export.video.model import VideoCaptionerConfig
 

@@ -30,7 +30,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.nn import functional as F
 
-from attnserve.export.train import inverse_sqrt
+from attnserve.export.common.training import inverse_sqrt
 from attnserve.export.video import clips, scoring, vocabulary
 from attnserve.export.video.model import VideoCaptionerConfig, VideoShowAttendTell, normalize
 from attnserve.export.video.render import FrameRenderer

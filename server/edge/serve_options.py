@@ -242,7 +242,8 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--max-decoded-mb": (
         "max_decoded_mb",
         dict(type=float, help="MiB per model that inputs being preprocessed decode to (pixels x channels, "
-             "samples x 4, from their headers); more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+             "frames x pixels x 3, samples x 4, from their headers); more are RESOURCE_EXHAUSTED "
+             "(default: %(default)s)"),
     ),
     "--no-deadline-admission": (
         "deadline_admission",

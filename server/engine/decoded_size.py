@@ -5,7 +5,8 @@ Why: the wire size says little about the work and memory an input costs. A solid
 float32 and then float64 while they are averaged to mono. The preprocessing budget (server/edge/intake.py)
 counts these bytes, so a flood of cheap-to-send, costly-to-decode inputs is refused before any of it is
 decoded. Headers only: Pillow's `Image.open` reads a PNG's IHDR or a JPEG's SOF and decodes nothing until
-asked; a WAV's header is parsed by `audio.read_wav`, which copies no sample.
+asked; a WAV's header is parsed by `audio.read_wav`, which copies no sample; a video file's container is
+opened (PyAV reads its stream headers) and no frame is decoded.
 
 Inputs that cannot be read here count as their wire size: the preprocessor refuses them, with its own
 message, when it gets to them.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import io
 
-from attnserve.server.generation import GenerationRequest
+from attnserve.server.generation import GenerationRequest, VideoInput
 
 # A decoded sample, as the preprocessing budget counts it (float32).
 SAMPLE_BYTES = 4
@@ -28,6 +29,8 @@ def decoded_bytes(request: GenerationRequest) -> int:
     """Bytes the request's input decodes to (text: its UTF-8 bound), from headers only; never raises."""
     if request.image is not None and request.image.data:
         return max(image_bytes(request.image.data), len(request.image.data))
+    if request.video is not None:
+        return max(video_bytes(request.video), len(request.video.data) + sum(map(len, request.video.frames)))
     if request.audio is not None:
         if request.audio.samples is not None:
             return len(request.audio.samples) * SAMPLE_BYTES
@@ -45,6 +48,16 @@ def image_bytes(data: bytes) -> int:
             return width * height * _MODE_BYTES.get(image.mode, 4)
     except Exception:  # anything unreadable is the preprocessor's to refuse, with its message
         return 0
+
+
+def video_bytes(video: VideoInput) -> int:
+    """A clip's stills' pixels (each as image_bytes), or a video file's declared frames x pixels x 3 (RGB);
+    0 if unreadable. Every frame is decoded whole before it is resized, so this is the work, not the memory."""
+    if video.frames:
+        return sum(map(image_bytes, video.frames))
+    from attnserve.server.inputs.video_files import declared_frame_bytes
+
+    return declared_frame_bytes(video.data)
 
 
 def audio_seconds(request: GenerationRequest) -> float:

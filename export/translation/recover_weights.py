@@ -7,9 +7,9 @@ under an anonymous name (`onnx::MatMul_569`) feeding a MatMul whose output meets
 Add. So the matrix's name is its bias's name with `.weight`, and its value the transpose.
 
 The recovered checkpoint (weights, config, tokenizer; no optimizer) starts a further training phase with
-`attnserve.export.train --init-from`. Check it with `attnserve.export.parity`: recovered == served.
+`attnserve.export.translation.train --init-from`. Check it with `attnserve.export.translation.parity`: recovered == served.
 
-    python -m attnserve.export.recover_weights --model-dir models/translate-zh-en/1 --out runs/v1-recovered.pt
+    python -m attnserve.export.translation.recover_weights --model-dir models/translate-zh-en/1 --out runs/v1-recovered.pt
 """
 
 from __future__ import annotations
@@ -22,20 +22,9 @@ import pathlib
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 
-from attnserve.export.model import Transformer, TransformerConfig
-
-PREFIX = "model."
-
-
-def initializer_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    """Every initializer by name, and by the names Identity nodes give it (equal tensors are stored once)."""
-    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Identity" and node.input[0] in values:
-            values[node.output[0]] = values[node.input[0]]
-    return values
+from attnserve.export.common.onnx_weights import PREFIX, initializer_values
+from attnserve.export.translation.model import Transformer, TransformerConfig
 
 
 def graph_weights(path: pathlib.Path) -> dict[str, np.ndarray]:
@@ -77,7 +66,7 @@ def config_of(weights: dict[str, np.ndarray], manifest: dict) -> TransformerConf
 
 
 def recover(model_dir: pathlib.Path) -> dict:
-    """A checkpoint (as export/train.py saves one, without optimizer) of the version folder's weights."""
+    """A checkpoint (as export/translation/train.py saves one, without optimizer) of the version folder's weights."""
     manifest = json.loads((model_dir / "manifest.json").read_text())
     encoder = graph_weights(model_dir / manifest["encoder"]["file"])
     decoder = graph_weights(model_dir / manifest["decoder"]["file"])

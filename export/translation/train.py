@@ -1,4 +1,4 @@
-"""Trains a bidirectional zh-TW <-> en translator on data/corpus (built by attnserve.export.corpus.build):
+"""Trains a bidirectional zh-TW <-> en translator on data/corpus (built by attnserve.export.translation.corpus.build):
 the Transformer (`--arch transformer`, the default) or the recurrent translator (`--arch recurrent`).
 
 Seeded, resumable (the run folder keeps `last.pt`; rerunning the same command continues from it; `touch <run>/STOP`
@@ -6,8 +6,8 @@ makes a running training checkpoint and end at once), logs to
 `<run>/train.log`. One model serves both directions: every pair gives an en->zh and a zh->en example, and
 the decoder starts with the target-language token.
 
-    python -m attnserve.export.train --corpus data/corpus --run ~/.cache/attnserve/runs/zh-en --minutes 90
-    python -m attnserve.export.train --arch recurrent --tokenizer models/translate-zh-en/1/tokenizer.json \
+    python -m attnserve.export.translation.train --corpus data/corpus --run ~/.cache/attnserve/runs/zh-en --minutes 90
+    python -m attnserve.export.translation.train --arch recurrent --tokenizer models/translate-zh-en/1/tokenizer.json \
         --corpus data/corpus --run ~/.cache/attnserve/runs/zh-en-rnn --minutes 90
 """
 
@@ -18,7 +18,6 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
-import math
 import pathlib
 import random
 import time
@@ -28,10 +27,12 @@ from tokenizers import Tokenizer
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from attnserve.export import bpe, cpu_bf16
-from attnserve.export.architectures import build_model, checkpoint_fields
-from attnserve.export.average_checkpoints import average_state_dicts
-from attnserve.export.recurrent import ATTENTION_SCORES
+from attnserve.export.common import cpu_bf16
+from attnserve.export.common.average_checkpoints import average_state_dicts
+from attnserve.export.common.training import checkpoint_fields, inverse_sqrt, save_checkpoint
+from attnserve.export.translation import bpe
+from attnserve.export.translation.architectures import build_model
+from attnserve.export.translation.recurrent import ATTENTION_SCORES
 
 log = logging.getLogger("attnserve.train")
 
@@ -152,11 +153,6 @@ def dev_loss(model, examples, batch_tokens: int, device: str = "cpu") -> float:
     return total / max(tokens, 1)
 
 
-def inverse_sqrt(step: int, opts: TrainOptions) -> float:
-    step = max(step, 1)
-    return opts.lr * min(step / opts.warmup_steps, math.sqrt(opts.warmup_steps / step))
-
-
 def load_or_train_tokenizer(run: pathlib.Path, train_pairs, vocab_size: int, given: pathlib.Path | None) -> Tokenizer:
     """The run's tokenizer: kept from an earlier start, else copied from `given`, else trained on the pairs."""
     path = run / "tokenizer.json"
@@ -171,22 +167,6 @@ def load_or_train_tokenizer(run: pathlib.Path, train_pairs, vocab_size: int, giv
     tokenizer = bpe.train_tokenizer(texts, vocab_size)
     tokenizer.save(str(path))
     return tokenizer
-
-
-def save_checkpoint(path, model, optimizer, state: dict, tokenizer: Tokenizer) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            **checkpoint_fields(model),
-            "tokenizer": tokenizer.to_str(),
-            "state": state,
-            "rng": torch.get_rng_state(),
-        },
-        tmp,
-    )
-    tmp.replace(path)  # atomic: a kill mid-save never leaves a broken checkpoint
 
 
 def read_families(path: pathlib.Path) -> list[str]:

@@ -1,7 +1,7 @@
 """Scores a checkpoint on a corpus split in both directions: BLEU and chrF (sacrebleu; Chinese tokenisation
 for zh-TW targets), plus example translations.
 
-    python -m attnserve.export.evaluate --checkpoint RUN/best.pt --split data/corpus/test.tsv --out scores.json
+    python -m attnserve.export.translation.evaluate --checkpoint RUN/best.pt --split data/corpus/test.tsv --out scores.json
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 import sacrebleu
 import torch
 
-from attnserve.export import bpe, train
-from attnserve.export.architectures import load_checkpoint
-from attnserve.export.train import read_pairs
+from attnserve.export.translation import bpe, train
+from attnserve.export.translation.architectures import load_checkpoint
+from attnserve.export.translation.train import read_pairs
 
 # Corpus families by domain, in the order reports list them: everyday sentences, dictionary entries (CC-CEDICT
 # headwords and their glosses), story text (a game's dialogue and descriptions), and every other family,

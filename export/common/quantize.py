@@ -11,7 +11,7 @@ The graphs keep their inputs and outputs, so the manifest names them as a varian
 --variant NAME` runs them (docs/model-contract.md). Score a variant before shipping it: evaluate with
 `--served-variant NAME`.
 
-    python -m attnserve.export.quantize --model-dir models/translate-zh-en/2 [--variant fp16]
+    python -m attnserve.export.common.quantize --model-dir models/translate-zh-en/2 [--variant fp16]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 For each test sentence the model translates (greedy, through the serving engine, word-level attention of
 every decoder layer), the gold set is built from the model's *own output* with CC-CEDICT
-(`export/dictionary.py`), in both directions:
+(`export/translation/dictionary.py`), in both directions:
 
 1. Words are the server's attention units (`metaspace-cjk`): every CJK character is a word, so a Chinese
    headword such as 銀行 spans two words; an English word is its pieces merged.
@@ -22,7 +22,7 @@ gold set. Accuracy is reported per model, direction and decoder layer (mean over
 two references computed on the same items: `diagonal`, the source word at the output word's proportional
 position, and `chance`, the expected accuracy of a uniformly random source word.
 
-    python -m attnserve.export.alignment --models models --model translate-zh-en \
+    python -m attnserve.export.translation.alignment --models models --model translate-zh-en \
         --split data/corpus/test.tsv --limit 400 --out scores-alignment.json
 """
 
@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from attnserve.export import dictionary as cedict
+from attnserve.export.translation import dictionary as cedict
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.engine import ModelEngine
 from attnserve.server.engine.registry import load_engine

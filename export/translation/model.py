@@ -170,6 +170,9 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
+    # The family name its checkpoints record (common/training.py).
+    ARCH = "transformer"
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg

@@ -7,7 +7,7 @@ dict, beside its "arch", "config", "tokenizer" and training "state". The output 
 fields, drops the optimizer (an average has no optimizer state of its own) and records what it averaged, so
 it exports and evaluates like any checkpoint; to train on from it, use the trainers' --init-weights.
 
-    python -m attnserve.export.average_checkpoints RUN/ckpt-2010.pt RUN/ckpt-2022.pt RUN/last.pt --out RUN/avg3.pt
+    python -m attnserve.export.common.average_checkpoints RUN/ckpt-2010.pt RUN/ckpt-2022.pt RUN/last.pt --out RUN/avg3.pt
 """
 
 from __future__ import annotations

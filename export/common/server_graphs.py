@@ -1,6 +1,6 @@
 """Writes the small graphs the server runs beside the models' own, committed next to its code.
 
-    python -m attnserve.export.server_graphs            # rewrites them; tests check they are current
+    python -m attnserve.export.common.server_graphs            # rewrites them; tests check they are current
 
 - server/decoding/log_softmax.onnx: LogSoftmax over the last axis of a (rows, vocabulary) float32 tensor. The decode
   loop turns each step's scores into log-probabilities with it (server/decoding/log_softmax.py): ONNX Runtime's kernel
@@ -28,7 +28,7 @@ import pathlib
 import onnx
 from onnx import TensorProto, helper
 
-SERVER = pathlib.Path(__file__).resolve().parents[1] / "server" / "decoding"
+SERVER = pathlib.Path(__file__).resolve().parents[2] / "server" / "decoding"
 
 
 def log_softmax() -> onnx.ModelProto:
