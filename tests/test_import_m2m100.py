@@ -21,7 +21,7 @@ import pytest
 
 import tiny_marian
 import tiny_nllb
-from import_parity import assert_import_refused, edit_json, forward_with_attention, graph_differences
+from import_parity import assert_import_refused, edit_json, forward_with_attention, graph_differences, imported, serving
 from attnserve.clients import cli
 from attnserve.server import convert
 from attnserve.server.engine.batcher import BatchingOptions
@@ -48,9 +48,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def repo(checkpoint, tmp_path_factory):
-    repository = tmp_path_factory.mktemp("imported")
-    assert cli.main(["import", str(checkpoint), "--name", NAME, "--repository", str(repository)]) == 0
-    return repository
+    return imported(checkpoint, tmp_path_factory.mktemp("imported"), NAME)
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +58,7 @@ def hf(checkpoint):
 
 @pytest.fixture(scope="module")
 def engine(repo):
-    engine = load_engine(find_models(repo)[NAME], RuntimeOptions(), BatchingOptions())
-    yield engine
-    engine.close()
+    yield from serving(repo, NAME)
 
 
 def generate(hf, texts, target=TARGET, **options):

@@ -19,13 +19,8 @@ import pytest
 
 import tiny_marian
 import tiny_mbart
-from import_parity import assert_import_refused, edit_json, forward_with_attention, graph_differences
-from attnserve.clients import cli
-from attnserve.server.engine.batcher import BatchingOptions
+from import_parity import assert_import_refused, edit_json, forward_with_attention, graph_differences, imported, serving
 from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
-from attnserve.server.engine.registry import load_engine
-from attnserve.server.model.repository import find_models
-from attnserve.server.model.runtime import RuntimeOptions
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -46,9 +41,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def repo(checkpoint, tmp_path_factory):
-    repository = tmp_path_factory.mktemp("imported")
-    assert cli.main(["import", str(checkpoint), "--name", NAME, "--repository", str(repository)]) == 0
-    return repository
+    return imported(checkpoint, tmp_path_factory.mktemp("imported"), NAME)
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +51,7 @@ def hf(checkpoint):
 
 @pytest.fixture(scope="module")
 def engine(repo):
-    engine = load_engine(find_models(repo)[NAME], RuntimeOptions(), BatchingOptions())
-    yield engine
-    engine.close()
+    yield from serving(repo, NAME)
 
 
 def generate(hf, texts, target=TARGET, **options):

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from attnserve.server.inputs.inputs import InputSpec, TextInputSpec, parse_input
 
 FORMAT_VERSION = 1
-WORD_BOUNDARIES = ("metaspace-cjk",)
+WORD_BOUNDARIES = ("metaspace-cjk", "byte-level")
 STATE_UPDATES = ("append", "replace")
 STATE_DTYPES = ("float32", "float16", "int64", "int32", "bool")
 
