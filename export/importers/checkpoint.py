@@ -142,6 +142,7 @@ class Checkpoint:
                                      f"(the server decodes with {defaults[key]!r})")
             elif key not in handled:
                 raise ValueError(f"{self.folder}/generation_config.json: key {key!r} is not handled by the importer")
+        decoding_fields(generation)  # refuses an early_stopping the search lacks before any graph is written
         return generation
 
     def load_into(self, model, derived: Iterable[str]):
