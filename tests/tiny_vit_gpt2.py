@@ -68,8 +68,14 @@ def build(folder: pathlib.Path, seed: int = 0) -> pathlib.Path:
     model = VisionEncoderDecoderModel(config=VisionEncoderDecoderConfig.from_dict(config)).eval()
     with torch.no_grad():
         _widen(model, eot)
-    # As transformers saves it: GPT-2's lm_head is tied to its wte and not written.
+    # As transformers 4 saved it (the published checkpoint's era): GPT-2's lm_head tied to its wte and not
+    # written, and each attention's causal-mask buffers written with the weights.
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k != "decoder.lm_head.weight"}
+    n = config["decoder"]["n_positions"]
+    for i in range(config["decoder"]["n_layer"]):
+        for attention in ("attn", "crossattention"):
+            state[f"decoder.transformer.h.{i}.{attention}.bias"] = torch.tril(torch.ones(n, n, dtype=torch.uint8))[None, None]
+            state[f"decoder.transformer.h.{i}.{attention}.masked_bias"] = torch.tensor(-1e4)
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
 

@@ -145,17 +145,19 @@ class Checkpoint:
         decoding_fields(generation)  # refuses an early_stopping the search lacks before any graph is written
         return generation
 
-    def load_into(self, model, derived: Iterable[str]):
+    def load_into(self, model, derived: Iterable[str], stale: tuple[str, ...] = ()):
         """Loads the weights into `model` (a transformers model built from config.json); returns it in eval
         mode and the state dict.
 
         Args:
             derived: parameter names transformers does not save (static tables, tied weights).
+            stale: name endings of tensors older transformers saved and today's computes instead (GPT-2's
+                causal-mask buffers `attn.bias`, `attn.masked_bias`); left out of the load.
 
         Raises:
             ValueError: the weights do not fit config.json (unexpected or missing tensors).
         """
-        state = self.state_dict()
+        state = {k: v for k, v in self.state_dict().items() if not k.endswith(stale)}  # endswith(()) is False
         result = model.load_state_dict(state, strict=False)
         missing = sorted(set(result.missing_keys) - set(derived))
         if result.unexpected_keys or missing:

@@ -68,6 +68,8 @@ GENERATION_HANDLED = frozenset({
 })
 GENERATION_DEFAULTS = {"length_penalty": 1.0, "no_repeat_ngram_size": 0, "do_sample": False, "num_beam_groups": 1,
                        "repetition_penalty": 1.0, "forced_eos_token_id": None, "bad_words_ids": None}
+# Buffers transformers 4 saved with every GPT-2 attention (the causal mask and its fill value).
+GPT2_STALE_BUFFERS = (".attn.bias", ".attn.masked_bias", ".crossattention.bias", ".crossattention.masked_bias")
 PROCESSOR_TYPES = ("ViTImageProcessor", "ViTFeatureExtractor", "ViTImageProcessorFast")
 BILINEAR = 2  # PIL.Image.Resampling.BILINEAR, what server/inputs/image.py resizes with
 
@@ -157,7 +159,7 @@ def load_model(ckpt: Checkpoint):
         part._attn_implementation = "eager"
     # GPT-2's lm_head is tied to its wte; the causal-mask buffers of old GPT-2 checkpoints are not weights.
     derived = {"decoder.lm_head.weight"}
-    model, _ = ckpt.load_into(VisionEncoderDecoderModel(config=config), derived)
+    model, _ = ckpt.load_into(VisionEncoderDecoderModel(config=config), derived, stale=GPT2_STALE_BUFFERS)
     return model
 
 
