@@ -80,8 +80,8 @@ def render(image_data: bytes, attention: AttentionMatrix, panel: int = 256, colu
     sx, sy = shown.width / width, shown.height / height  # model-input pixels -> panel pixels
     font = ImageFont.load_default(size=max(12, panel // 14))
     label_h = round(font.size * 1.6)
-    weights = np.asarray(attention.weights, dtype=np.float32).reshape(len(attention.row_labels), len(attention.col_labels))
-    weights = weights[:, first:]
+    shape = (len(attention.row_labels), len(attention.col_labels))
+    weights = np.asarray(attention.weights, dtype=np.float32).reshape(shape)[:, first:]
     lines = -(-len(weights) // columns)
     sheet = Image.new("RGB", (columns * (shown.width + 8) + 8, lines * (shown.height + label_h + 8) + 8), "white")
     for k, (word, row) in enumerate(zip(attention.row_labels, weights)):

@@ -171,7 +171,8 @@ def test_tokenizer_equals_mbart50_tokenizer_on_1200_lines_each_way(engine, hf, c
 @pytest.mark.parametrize("breakage, message", [
     (lambda d: edit_json(d / "config.json", normalize_before=False), "normalize_before=False is not supported"),
     (lambda d: edit_json(d / "config.json", rope_theta=1e4), "key 'rope_theta' is not handled"),
-    (lambda d: edit_json(d / "generation_config.json", early_stopping="never"), "early_stopping='never' is not supported"),
+    (lambda d: edit_json(d / "generation_config.json", early_stopping="never"),
+     "early_stopping='never' is not supported"),
     (lambda d: (d / "tokenizer.json").unlink(), "missing file tokenizer.json"),
 ])
 def test_what_the_importer_cannot_map_is_refused_by_name(checkpoint, tmp_path, capsys, breakage, message):

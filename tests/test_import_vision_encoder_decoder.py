@@ -20,7 +20,14 @@ import numpy as np
 import pytest
 
 import tiny_vit_gpt2
-from import_parity import assert_import_refused, edit_json, imported, serving, step_differences, tokens_served_without_torch
+from import_parity import (
+    assert_import_refused,
+    edit_json,
+    imported,
+    serving,
+    step_differences,
+    tokens_served_without_torch,
+)
 from attnserve.clients import cli, columns, overlay
 from attnserve.clients.web import payload
 from attnserve.server.engine.batcher import BatchingOptions
@@ -272,7 +279,8 @@ def test_a_leading_column_label_that_could_be_a_cell_is_refused(repo, tmp_path):
 # its 32-wide projections moves the peaks; measured 2/8 (fp16 8/8). A quality measure needs real weights.
 @pytest.mark.parametrize("variant, floor", [("int8", 0.25), ("fp16", 0.9)])
 def test_variants_serve_and_their_agreement_with_float32_is_reported(checkpoint, engine, tmp_path, variant, floor):
-    assert cli.main(["import", str(checkpoint), "--name", NAME, "--repository", str(tmp_path), "--variant", variant]) == 0
+    command = ["import", str(checkpoint), "--name", NAME, "--repository", str(tmp_path), "--variant", variant]
+    assert cli.main(command) == 0
     other = load_engine(find_models(tmp_path)[NAME], RuntimeOptions(variant=variant), BatchingOptions())
     try:
         low = [[t.id for t in other.generate(request(p)).tokens] for p in PICTURES]

@@ -31,8 +31,9 @@ LOGIT_SCALE = 3.0  # ln_f's gain: logits of a few units
 EOS_RAMP = 0.1
 
 
-def _tokenizer(folder: pathlib.Path, seed: int) -> int:
-    """GPT-2-style tokenizer.json (byte-level BPE, <|endoftext|> last); returns its id."""
+def _tokenizer(folder: pathlib.Path, seed: int, size: int = VOCAB) -> int:
+    """GPT-2-style tokenizer.json (byte-level BPE, <|endoftext|> last, padded with unused added tokens up to
+    `size`); returns its id."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     rng = random.Random(seed)
@@ -44,52 +45,67 @@ def _tokenizer(folder: pathlib.Path, seed: int) -> int:
     trainer = trainers.BpeTrainer(vocab_size=VOCAB - 1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(lines, trainer)
+    tok.add_tokens([f"<unused{i}>" for i in range(size - 1 - tok.get_vocab_size())])
     tok.add_special_tokens([AddedToken(EOT, special=True)])
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text((FIXTURE / "tokenizer_config.json").read_text())
     return tok.token_to_id(EOT)
 
 
-def build(folder: pathlib.Path, seed: int = 0) -> pathlib.Path:
-    """Writes the checkpoint folder and returns it."""
+def build(folder: pathlib.Path, seed: int = 0, real_sizes: bool = False) -> pathlib.Path:
+    """Writes the checkpoint folder and returns it.
+
+    Args:
+        real_sizes: keep the published sizes (ViT-base, GPT-2 124M, 50,257 tokens: the trained pieces padded
+            with unused ones) for bench/import_vit_gpt2.py; the weights are random either way.
+    """
     import torch
     from safetensors.torch import save_file
     from transformers import VisionEncoderDecoderConfig, VisionEncoderDecoderModel
 
     folder.mkdir(parents=True, exist_ok=True)
-    eot = _tokenizer(folder, seed)
     config = json.loads((FIXTURE / "config.json").read_text())
-    config["encoder"].update(VIT_SIZES)
-    config["decoder"].update(GPT2_SIZES, vocab_size=eot + 1, bos_token_id=eot, eos_token_id=eot)
+    eot = _tokenizer(folder, seed, config["decoder"]["vocab_size"] if real_sizes else VOCAB)
+    if not real_sizes:
+        config["encoder"].update(VIT_SIZES)
+        config["decoder"].update(GPT2_SIZES)
+    config["decoder"].update(vocab_size=eot + 1, bos_token_id=eot, eos_token_id=eot)
     config.update(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, decoder_start_token_id=eot)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "preprocessor_config.json").write_text((FIXTURE / "preprocessor_config.json").read_text())
     torch.manual_seed(seed)
     model = VisionEncoderDecoderModel(config=VisionEncoderDecoderConfig.from_dict(config)).eval()
     with torch.no_grad():
-        _widen(model, eot)
+        _widen(model, eot, sharpness=1.0 if real_sizes else SHARPNESS)
     # As transformers 4 saved it (the published checkpoint's era): GPT-2's lm_head tied to its wte and not
     # written, and each attention's causal-mask buffers written with the weights.
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k != "decoder.lm_head.weight"}
     n = config["decoder"]["n_positions"]
+    causal = torch.tril(torch.ones(n, n, dtype=torch.uint8))[None, None]
     for i in range(config["decoder"]["n_layer"]):
         for attention in ("attn", "crossattention"):
-            state[f"decoder.transformer.h.{i}.{attention}.bias"] = torch.tril(torch.ones(n, n, dtype=torch.uint8))[None, None]
+            state[f"decoder.transformer.h.{i}.{attention}.bias"] = causal.clone()
             state[f"decoder.transformer.h.{i}.{attention}.masked_bias"] = torch.tensor(-1e4)
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
 
 
-def _widen(model, eos: int) -> None:
-    """Peaked, image-dependent cross-attention; logits of a few units; a growing pull towards <|endoftext|>."""
+def _widen(model, eos: int, sharpness: float = SHARPNESS) -> None:
+    """Peaked, image-dependent cross-attention; logits of a few units; a growing pull towards <|endoftext|>.
+
+    Args:
+        sharpness: the cross-attention q/k gain. At the real width (768) random projections already give
+            scores of several units, and x25 makes the attention so steep that float rounding flips outputs
+            (6 of 16 captions differed between two float32 implementations), so real sizes keep 1.
+    """
     import torch
 
     gpt = model.decoder.transformer
     d = model.config.decoder.n_embd
     for block in gpt.h:
         cross = block.crossattention
-        cross.q_attn.weight.mul_(SHARPNESS)
-        cross.c_attn.weight[:, :d].mul_(SHARPNESS)  # Conv1D (in, out): keys, then values
+        cross.q_attn.weight.mul_(sharpness)
+        cross.c_attn.weight[:, :d].mul_(sharpness)  # Conv1D (in, out): keys, then values
         cross.c_attn.weight[:, d:].mul_(SOURCE_WEIGHT)
         cross.c_proj.weight.mul_(SOURCE_WEIGHT)
     gpt.ln_f.weight.mul_(LOGIT_SCALE)

@@ -79,7 +79,8 @@ def language_codes(ckpt: Checkpoint, tokenizer_config: dict, vocab: dict[str, in
     vocabulary's)."""
     listed = tokenizer_config.get("additional_special_tokens") or tokenizer_config.get("extra_special_tokens") or []
     listed = [t if isinstance(t, str) else t.get("content", "") for t in listed]
-    codes = [t for t in listed if pattern.match(t)] or sorted((t for t in vocab if pattern.match(t)), key=vocab.get)
+    codes = [t for t in listed if pattern.match(t)]
+    codes = codes or sorted((t for t in vocab if pattern.match(t)), key=vocab.get)
     missing = [c for c in codes if c not in vocab]
     if missing or not codes:
         raise ValueError(f"{ckpt.folder}/tokenizer.json: no token for language code(s) {missing[:5] or '(none found)'}")

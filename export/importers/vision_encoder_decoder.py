@@ -82,7 +82,8 @@ def check_config(ckpt: Checkpoint) -> dict:
     _check_part(ckpt, "encoder", "vit", VIT_KEYS, {})
     _check_part(ckpt, "decoder", "gpt2", GPT2_KEYS, GPT2_IGNORED)
     if not ckpt.config["decoder"].get("add_cross_attention"):
-        raise ValueError(f"{ckpt.folder}/config.json: decoder.add_cross_attention is not true: GPT-2 cannot read the image")
+        raise ValueError(f"{ckpt.folder}/config.json: decoder.add_cross_attention is not true: GPT-2 cannot "
+                         f"read the image")
     return ckpt.generation(GENERATION_HANDLED, GENERATION_DEFAULTS)
 
 

@@ -110,7 +110,8 @@ def export(model: nn.Module, out_dir: pathlib.Path) -> None:
     cross = [torch.randn(b, heads, s, d_head) for _ in range(2 * layers)]
     inputs = (torch.randint(0, gpt.vocab_size, (b, 1)), torch.full((b, 1), t, dtype=torch.int64),
               torch.ones(b, t + 1, dtype=torch.int64), *past, *cross)
-    past_names, cross_inputs = kv_names("past_key_values", "decoder", layers), kv_names("past_key_values", "encoder", layers)
+    past_names = kv_names("past_key_values", "decoder", layers)
+    cross_inputs = kv_names("past_key_values", "encoder", layers)
     present = kv_names("present", "decoder", layers)
     torch.onnx.export(
         DecoderStepGraph(model).eval(), inputs, str(out_dir / "decoder.onnx"),

@@ -231,8 +231,9 @@ class BeamSearch(DecodeStrategy):
     A sequence's score is its summed log-probability; finished sequences are ranked by score / length
     (tokens, EOS included). A request stops once it has `beam_size` finished sequences and its best running
     beam, normalised the same way, cannot beat the worst of them (the usual heuristic; with the request's
-    early_stopping, as soon as it has them: transformers' early_stopping=True), or at max_new_tokens, where running beams compete too. Beams finish only as a whole request, so beam
-    requests stream nothing while decoding: their tokens and attention come with their hypothesis.
+    early_stopping, as soon as it has them: transformers' early_stopping=True), or at max_new_tokens, where
+    running beams compete too. Beams finish only as a whole request, so beam requests stream nothing while
+    decoding: their tokens and attention come with their hypothesis.
     """
 
     def start(self) -> Selection:
