@@ -38,7 +38,7 @@ from attnserve.server.edge.app import BackgroundServer
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.engine import ModelEngine
 from attnserve.server.engine.registry import load_engines
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionGranularity,
     AttentionOptions,
     DecodingOptions,

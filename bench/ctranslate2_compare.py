@@ -44,7 +44,7 @@ from attnserve.export.translation.model import Transformer, TransformerConfig, s
 from attnserve.export.translation.recover_weights import recover
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import GenerationRequest
+from attnserve.api.generation import GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 

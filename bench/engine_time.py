@@ -24,7 +24,7 @@ import time
 from attnserve.export.translation.train import read_pairs
 from attnserve.server.decoding import batch, kv_cache, slots
 from attnserve.server.engine.registry import open_model
-from attnserve.server.generation import GREEDY, GenerationRequest
+from attnserve.api.generation import GREEDY, GenerationRequest
 from attnserve.server.model import runtime
 
 TIMED = [(batch.Batch, "build"), (batch.Batch, "step"), (batch.Batch, "select"), (batch.Batch, "merge"),

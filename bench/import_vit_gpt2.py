@@ -73,7 +73,7 @@ def transformers_side(checkpoint: pathlib.Path, pictures: list[bytes], repeats: 
 def attnserve_side(repo: pathlib.Path, pictures: list[bytes], repeats: int) -> tuple[list[list[int]], float, float]:
     from attnserve.server.engine.batcher import BatchingOptions
     from attnserve.server.engine.registry import load_engine
-    from attnserve.server.generation import DecodingOptions, GenerationRequest, ImageInput
+    from attnserve.api.generation import DecodingOptions, GenerationRequest, ImageInput
     from attnserve.server.model.repository import find_models
     from attnserve.server.model.runtime import RuntimeOptions
 

@@ -22,7 +22,7 @@ import time
 from attnserve.export.translation.train import read_pairs
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import GREEDY, GenerationRequest
+from attnserve.api.generation import GREEDY, GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 

@@ -6,7 +6,7 @@ import argparse
 import pathlib
 
 from attnserve.export.translation.train import read_pairs
-from attnserve.server.generation import GREEDY, GenerationRequest
+from attnserve.api.generation import GREEDY, GenerationRequest
 
 
 def add_arguments(parser: argparse.ArgumentParser, sentences: int) -> None:

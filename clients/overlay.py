@@ -17,8 +17,8 @@ import re
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
+from attnserve.api.generation import AttentionMatrix
 from attnserve.clients import columns as columns_of
-from attnserve.server.generation import AttentionMatrix
 
 _CELL = re.compile(r"^r(\d+)c(\d+):(\d+),(\d+),(\d+),(\d+)$")
 # Heat colour stops (weight -> RGB): dark red, red, orange, yellow.

@@ -114,7 +114,7 @@ from attnserve.clients import cli
 cli._parser()  # `attnserve import` is listed; its importer is not loaded
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import DecodingOptions, GenerationRequest, ImageInput
+from attnserve.api.generation import DecodingOptions, GenerationRequest, ImageInput
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 engine = load_engine(find_models({str(repo)!r})[{name!r}], RuntimeOptions(), BatchingOptions())

@@ -12,7 +12,7 @@ from attnserve.server.decoding.batch import Batch
 from attnserve.server.decoding.decoding import decode, make_strategy
 from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.decoding.search import BeamSearch, GreedySearch
-from attnserve.server.generation import FinishReason, GenerationRequest
+from attnserve.api.generation import FinishReason, GenerationRequest
 from attnserve.server.inputs.preprocessing import TextPreprocessor, TextSource, pad_batch
 from attnserve.server.model.manifest import parse_manifest
 from attnserve.server.model.repository import find_models, open_runtime

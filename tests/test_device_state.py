@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from attnserve.export.common import server_graphs
-from attnserve.server import convert
+from attnserve.api import convert
 from attnserve.server.decoding import kv_cache
 from attnserve.server.decoding.device_state import DeviceState
 from attnserve.server.decoding.slots import Slots

@@ -15,7 +15,7 @@ import pytest
 from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.decoding.search import BeamSearch
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import GenerationRequest
+from attnserve.api.generation import GenerationRequest
 from attnserve.server.inputs.preprocessing import TextSource
 from attnserve.server.model.repository import find_models
 from conftest import TINY_MODEL_NAME

@@ -22,7 +22,7 @@ from import_parity import graph_differences, tokens_served_without_torch
 from attnserve.clients import cli
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
+from attnserve.api.generation import AttentionOptions, DecodingOptions, GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 

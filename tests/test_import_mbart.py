@@ -20,7 +20,7 @@ import pytest
 import tiny_marian
 import tiny_mbart
 from import_parity import assert_import_refused, edit_json, forward_with_attention, graph_differences, imported, serving
-from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
+from attnserve.api.generation import AttentionOptions, DecodingOptions, GenerationRequest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -32,7 +32,7 @@ from attnserve.clients import cli, columns, overlay
 from attnserve.clients.web import payload
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest, ImageInput
+from attnserve.api.generation import AttentionOptions, DecodingOptions, GenerationRequest, ImageInput
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 
@@ -185,7 +185,7 @@ def test_the_captioner_serves_without_torch_or_transformers(repo, engine, tmp_pa
 
 
 def test_the_overlay_heats_the_cell_a_word_attends_not_the_class_token_or_its_neighbour():
-    from attnserve.server.generation import AttentionMatrix
+    from attnserve.api.generation import AttentionMatrix
 
     labels = ["cls"] + [f"r{r}c{c}:{c * 4},{r * 4},{c * 4 + 4},{r * 4 + 4}" for r in range(4) for c in range(4)]
     weights = np.full((1, 17), 0.005)

@@ -14,7 +14,7 @@ import torch
 from attnserve.clients.client import Client, audio_request
 from attnserve.server.edge import app
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import AudioInput, GenerationRequest
+from attnserve.api.generation import AudioInput, GenerationRequest
 from attnserve.server.inputs.audio import read_wav, resample
 from attnserve.server.inputs.features import log_mel
 from attnserve.server.model.manifest import load_manifest

@@ -16,7 +16,7 @@ from attnserve.clients.client import audio_request
 from attnserve.export.common.ngram_build import build
 from attnserve.server.edge import app
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import AudioInput, GenerationRequest
+from attnserve.api.generation import AudioInput, GenerationRequest
 from attnserve.server.inputs.audio import read_wav, resample
 from attnserve.server.inputs.features import log_mel
 from attnserve.server.model.manifest import load_manifest

@@ -40,7 +40,7 @@ sys.modules["onnx"] = None
 import attnserve.server.edge.app, attnserve.clients.cli, attnserve.clients.client
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engines
-from attnserve.server.generation import GenerationRequest, AttentionOptions
+from attnserve.api.generation import GenerationRequest, AttentionOptions
 from attnserve.server.model.runtime import RuntimeOptions
 engines = load_engines({str(tiny_model_repo)!r}, RuntimeOptions(), BatchingOptions())
 result = engines.get("tiny-translate").generate(GenerationRequest("tiny-translate", "知識就是力量。", "en",
@@ -83,7 +83,8 @@ def test_the_wheel_holds_every_package_and_the_stubs(wheel):
     for module in ("attnserve/v1/attnserve_pb2.py", "attnserve/v1/attnserve_pb2_grpc.py", "attnserve/v1/attnserve.proto"):
         assert module in names
     # Every package folder of the checkout is in the wheel (a missing one imports in an editable install only).
-    folders = {"server": "attnserve/server", "clients": "attnserve/clients", "export": "attnserve/export"}
+    folders = {"server": "attnserve/server", "clients": "attnserve/clients", "export": "attnserve/export",
+               "protos/attnserve/api": "attnserve/api"}
     for folder, package in folders.items():
         for init in (ROOT / folder).rglob("__init__.py"):
             relative = init.relative_to(ROOT / folder).as_posix()

@@ -17,7 +17,7 @@ from attnserve.export.translation import bpe, recurrent_export
 from attnserve.export.translation.recurrent import RecurrentConfig, RecurrentTranslator
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine, load_engines
-from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
+from attnserve.api.generation import AttentionOptions, DecodingOptions, GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 from conftest import TINY_RECURRENT_NAME

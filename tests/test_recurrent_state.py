@@ -27,7 +27,7 @@ from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.decoding.search import GreedySearch
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
+from attnserve.api.generation import AttentionOptions, DecodingOptions, GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 from fakes import BATCHING_MODES, MIXED_MAX_NEW, MIXED_TEXTS, batching, submit_together

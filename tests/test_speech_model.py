@@ -22,7 +22,7 @@ from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellCo
 from attnserve.export.speech.specaugment import AugmentOptions, SpecAugment, warp_mel
 from attnserve.export.speech.train import Batch, TrainOptions, collate, joint_loss, make_batches
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
+from attnserve.api.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
 from attnserve.server.inputs.audio import AudioPreprocessor
 from attnserve.server.model.manifest import load_manifest
 from attnserve.server.model.repository import find_models
@@ -353,7 +353,7 @@ def test_served_word_times_are_compared_with_the_matching_reference_words():
     from types import SimpleNamespace
 
     from attnserve.export.speech.evaluate import timing_summary, voice_group, word_time_errors
-    from attnserve.server.generation import WordTiming
+    from attnserve.api.generation import WordTiming
 
     row = {"text": "go on now", "inexact_words": 0, "words": [["go", 0.0, 0.16], ["on", 0.16, 0.40], ["now", 0.5, 0.9]]}
     # "go an now": "an" matches nothing; "go" and "now" are compared with their reference times.

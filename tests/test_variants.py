@@ -11,7 +11,7 @@ from attnserve.clients.client import Client
 from attnserve.export.common.quantize import quantize_folder
 from attnserve.server.edge import app
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import GenerationRequest
+from attnserve.api.generation import GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 

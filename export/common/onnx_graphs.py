@@ -17,6 +17,13 @@ from torch import nn
 OPSET = 17
 
 
+def trace(module: nn.Module, example: tuple, path: str, **names_and_axes) -> None:
+    """torch.onnx.export as every exporter here runs it: the legacy TorchScript exporter (it keeps LSTM time and
+    batch axes dynamic; the dynamo exporter fixes them to the example's), at OPSET, weights inside the file."""
+    torch.onnx.export(module, example, path, **names_and_axes, opset_version=OPSET, dynamo=False,
+                      external_data=False)
+
+
 def kv_names(prefix: str, part: str, layers: int) -> list[str]:
     return [f"{prefix}.{i}.{part}.{kind}" for i in range(layers) for kind in ("key", "value")]
 
@@ -50,22 +57,7 @@ def export_step_graphs(
     src = torch.randint(6, source_vocab, (b, s))
     src_mask = torch.ones(b, s, dtype=torch.int64)
     src_mask[1, 5:] = 0
-    torch.onnx.export(
-        encoder,
-        (src, src_mask),
-        str(out_dir / "encoder.onnx"),
-        input_names=names["encoder_inputs"],
-        output_names=names["encoder_outputs"],
-        dynamic_axes={
-            "input_ids": {0: "batch", 1: "source"},
-            "attention_mask": {0: "batch", 1: "source"},
-            "encoder_hidden_states": {0: "batch", 1: "source"},
-            **{n: {0: "batch", 2: "source"} for n in names["encoder_outputs"][1:]},
-        },
-        opset_version=OPSET,
-        dynamo=False,
-        external_data=False,
-    )
+    _trace_part("encoder", encoder, (src, src_mask), out_dir, names, _encoder_axes(names))
     past = [torch.randn(b, heads, t, d_head) for _ in range(2 * layers)]
     cross = [torch.randn(b, heads, s, d_head) for _ in range(2 * layers)]
     step_inputs = (
@@ -76,7 +68,27 @@ def export_step_graphs(
         *past,
         *cross,
     )
-    dynamic = {
+    _trace_part("decoder", decoder, step_inputs, out_dir, names, _decoder_axes(layers))
+
+
+def _trace_part(part: str, module: nn.Module, example: tuple, out_dir: pathlib.Path,
+                names: dict[str, list[str]], axes: dict) -> None:
+    """Writes `part`.onnx ("encoder" or "decoder") with the contract's input and output names for it."""
+    trace(module, example, str(out_dir / f"{part}.onnx"), input_names=names[f"{part}_inputs"],
+          output_names=names[f"{part}_outputs"], dynamic_axes=axes)
+
+
+def _encoder_axes(names: dict[str, list[str]]) -> dict:
+    return {
+        "input_ids": {0: "batch", 1: "source"},
+        "attention_mask": {0: "batch", 1: "source"},
+        "encoder_hidden_states": {0: "batch", 1: "source"},
+        **{n: {0: "batch", 2: "source"} for n in names["encoder_outputs"][1:]},
+    }
+
+
+def _decoder_axes(layers: int) -> dict:
+    return {
         "input_ids": {0: "batch"},
         "position_ids": {0: "batch"},
         "decoder_attention_mask": {0: "batch", 1: "past_plus_one"},
@@ -87,17 +99,6 @@ def export_step_graphs(
         **{n: {0: "batch"} for n in kv_names("present", "decoder", layers)},
         "cross_attentions": {0: "batch", 3: "source"},
     }
-    torch.onnx.export(
-        decoder,
-        step_inputs,
-        str(out_dir / "decoder.onnx"),
-        input_names=names["decoder_inputs"],
-        output_names=names["decoder_outputs"],
-        dynamic_axes=dynamic,
-        opset_version=OPSET,
-        dynamo=False,
-        external_data=False,
-    )
 
 
 def kv_static_and_state(layers: int, heads: int, d_head: int) -> tuple[list[dict], list[dict]]:

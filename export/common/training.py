@@ -1,4 +1,5 @@
-"""What every family's training run shares: the warm-up schedule and the checkpoint format.
+"""What every family's training run shares: the warm-up schedule, when to checkpoint and stop, and the
+checkpoint format.
 
 A checkpoint holds the weights, the optimizer, the model's family (`arch`, the model class's `ARCH`) and
 config, the tokenizer JSON, the run's state and the RNG state; any family's checkpoint is rebuilt from its
@@ -10,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 import torch
 from tokenizers import Tokenizer
@@ -23,6 +25,30 @@ def inverse_sqrt(step: int, opts) -> float:
     """Linear warm-up to `opts.lr` over `opts.warmup_steps`, then inverse-square-root decay (Vaswani et al.)."""
     step = max(step, 1)
     return opts.lr * min(step / opts.warmup_steps, math.sqrt(opts.warmup_steps / step))
+
+
+class RunClock:
+    """When a run checkpoints and ends: every `checkpoint_minutes`, at its deadline, or at once when the run
+    folder holds a STOP file (`touch RUN/STOP`: checkpoint now and end, without losing work)."""
+
+    def __init__(self, run: pathlib.Path, minutes: float, checkpoint_minutes: float):
+        self.run, self.checkpoint_minutes = run, checkpoint_minutes
+        self.deadline = time.monotonic() + minutes * 60
+        self.next_checkpoint = time.monotonic() + checkpoint_minutes * 60
+
+    def running(self) -> bool:
+        return time.monotonic() < self.deadline
+
+    def after_step(self, checkpoint: Callable[[], None]) -> bool:
+        """Calls `checkpoint` when one is due; True when the run must end now (the STOP file is removed)."""
+        stop = (self.run / "STOP").exists()
+        if stop or time.monotonic() >= self.next_checkpoint or time.monotonic() >= self.deadline:
+            checkpoint()
+            self.next_checkpoint = time.monotonic() + self.checkpoint_minutes * 60
+        if stop or time.monotonic() >= self.deadline:
+            (self.run / "STOP").unlink(missing_ok=True)
+            return True
+        return False
 
 
 def checkpoint_fields(model: torch.nn.Module) -> dict:

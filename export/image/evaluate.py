@@ -35,7 +35,7 @@ def png(pixels: np.ndarray) -> bytes:
 
 def caption_all(engine, images: np.ndarray, chunk: int = 128) -> list:
     """Served results (attention at word granularity) in image order."""
-    from attnserve.server.generation import AttentionGranularity, AttentionOptions, GenerationRequest, ImageInput
+    from attnserve.api.generation import AttentionGranularity, AttentionOptions, GenerationRequest, ImageInput
 
     options = AttentionOptions(enabled=True, granularity=AttentionGranularity.WORDS)
     results = []

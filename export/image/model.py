@@ -178,6 +178,28 @@ class Speller(nn.Module):
         deep = torch.tanh(embedded + self.out_h(self.dropout(h)) + self.out_z(context))
         return self.out(self.dropout(deep)), h, c, weights
 
+    def teacher_forced(self, tgt_in, h, c, memory, keys) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, U) start token + words -> logits (B, U, V) and the attention (B, U, S) of each word."""
+        logits, weights = [], []
+        for u in range(tgt_in.shape[1]):
+            step_logits, h, c, step_weights = self.step(tgt_in[:, u], h, c, memory, keys)
+            logits.append(step_logits)
+            weights.append(step_weights)
+        return torch.stack(logits, dim=1), torch.stack(weights, dim=1)
+
+    def greedy(self, memory, keys, h, c, max_new_tokens: int, suppress_ids: Sequence[int]):
+        """Reference greedy search (PyTorch, batch-synchronous) from the encoder's outputs, for parity tests
+        and evaluation: per row the generated ids (EOS excluded) and a (words, S) attention tensor."""
+        state = [h, c]
+
+        def step(ids):
+            logits, state[0], state[1], weights = self.step(ids, *state, memory, keys)
+            return logits, weights
+
+        start = torch.full((memory.shape[0],), vocabulary.START_ID)
+        outputs, attentions = greedy_search(step, start, vocabulary.EOS_ID, max_new_tokens, suppress_ids)
+        return outputs, [torch.stack(a) if a else torch.zeros(0, memory.shape[1]) for a in attentions]
+
 
 class ShowAttendTell(nn.Module):
     # The family name its checkpoints record (common/training.py).
@@ -204,12 +226,8 @@ class ShowAttendTell(nn.Module):
         keys = self.speller.attention.keys(memory)
         h, c = self.speller.initial_state(features.mean(1))
         presence = self.presence(features).amax(1)  # (B, objects)
-        logits, weights = [], []
-        for u in range(tgt_in.shape[1]):
-            step_logits, h, c, step_weights = self.speller.step(tgt_in[:, u], h, c, memory, keys)
-            logits.append(step_logits)
-            weights.append(step_weights)
-        return torch.stack(logits, dim=1), torch.stack(weights, dim=1), presence
+        logits, weights = self.speller.teacher_forced(tgt_in, h, c, memory, keys)
+        return logits, weights, presence
 
     @torch.no_grad()
     def greedy_decode(self, pixels: torch.Tensor, max_new_tokens: int | None = None,
@@ -219,16 +237,7 @@ class ShowAttendTell(nn.Module):
         Returns per row the generated ids (EOS excluded) and a (words, S) attention tensor.
         """
         memory, keys, h, c = self.encode(pixels)
-        state = [h, c]
-
-        def step(ids):
-            logits, state[0], state[1], weights = self.speller.step(ids, *state, memory, keys)
-            return logits, weights
-
-        start = torch.full((pixels.shape[0],), vocabulary.START_ID)
-        outputs, attentions = greedy_search(step, start, vocabulary.EOS_ID, max_new_tokens or self.cfg.max_words,
-                                            suppress_ids)
-        return outputs, [torch.stack(a) if a else torch.zeros(0, memory.shape[1]) for a in attentions]
+        return self.speller.greedy(memory, keys, h, c, max_new_tokens or self.cfg.max_words, suppress_ids)
 
 
 def normalize(images: torch.Tensor, cfg: ShowAttendTellConfig) -> torch.Tensor:

@@ -24,7 +24,7 @@ import pathlib
 import torch
 from torch import nn
 
-from attnserve.export.common.onnx_graphs import OPSET, kv_names, kv_static_and_state
+from attnserve.export.common.onnx_graphs import kv_names, kv_static_and_state, trace
 from attnserve.export.importers.seq2seq_graphs import merge_heads, split_heads
 
 
@@ -101,10 +101,9 @@ def export(model: nn.Module, out_dir: pathlib.Path) -> None:
     layers, heads, d_head = gpt.n_layer, gpt.n_head, gpt.n_embd // gpt.n_head
     cross_names = kv_names("present", "encoder", layers)
     pixels = torch.randn(2, vit.num_channels, vit.image_size, vit.image_size)
-    torch.onnx.export(EncoderGraph(model).eval(), (pixels,), str(out_dir / "encoder.onnx"),
-                      input_names=["pixel_values"], output_names=cross_names,
-                      dynamic_axes={"pixel_values": {0: "batch"}, **{n: {0: "batch"} for n in cross_names}},
-                      opset_version=OPSET, dynamo=False, external_data=False)
+    trace(EncoderGraph(model).eval(), (pixels,), str(out_dir / "encoder.onnx"),
+          input_names=["pixel_values"], output_names=cross_names,
+          dynamic_axes={"pixel_values": {0: "batch"}, **{n: {0: "batch"} for n in cross_names}})
     b, t, s = 2, 3, source_length(vit)
     past = [torch.randn(b, heads, t, d_head) for _ in range(2 * layers)]
     cross = [torch.randn(b, heads, s, d_head) for _ in range(2 * layers)]
@@ -113,15 +112,14 @@ def export(model: nn.Module, out_dir: pathlib.Path) -> None:
     past_names = kv_names("past_key_values", "decoder", layers)
     cross_inputs = kv_names("past_key_values", "encoder", layers)
     present = kv_names("present", "decoder", layers)
-    torch.onnx.export(
+    trace(
         DecoderStepGraph(model).eval(), inputs, str(out_dir / "decoder.onnx"),
         input_names=["input_ids", "position_ids", "decoder_attention_mask", *past_names, *cross_inputs],
         output_names=["logits", *present, "cross_attentions"],
         dynamic_axes={"input_ids": {0: "batch"}, "position_ids": {0: "batch"},
                       "decoder_attention_mask": {0: "batch", 1: "past_plus_one"},
                       **{n: {0: "batch", 2: "past"} for n in past_names}, **{n: {0: "batch"} for n in cross_inputs},
-                      "logits": {0: "batch"}, **{n: {0: "batch"} for n in present}, "cross_attentions": {0: "batch"}},
-        opset_version=OPSET, dynamo=False, external_data=False)
+                      "logits": {0: "batch"}, **{n: {0: "batch"} for n in present}, "cross_attentions": {0: "batch"}})
     model.eval()  # torch.onnx.export leaves the modules in training mode
 
 

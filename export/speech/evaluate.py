@@ -74,7 +74,7 @@ def noisy(wav: bytes, snr_db: float, seed: int):
     """The clip with white noise at `snr_db` below its own power (seeded: the same noise every run), as raw
     samples: how the recognizer fares off clean synthesized audio."""
     from attnserve.server.inputs.audio import read_wav
-    from attnserve.server.generation import AudioInput
+    from attnserve.api.generation import AudioInput
 
     clip = read_wav(wav)
     samples = clip.samples().astype(np.float64)
@@ -86,7 +86,7 @@ def noisy(wav: bytes, snr_db: float, seed: int):
 def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, attention: bool,
                noise_snr_db: float | None = None) -> list:
     """Served results in row order; clips are submitted shortest first so batches pad little."""
-    from attnserve.server.generation import (AttentionGranularity, AttentionOptions, AudioInput, DecodingOptions,
+    from attnserve.api.generation import (AttentionGranularity, AttentionOptions, AudioInput, DecodingOptions,
                                              GenerationRequest)
 
     def audio(i: int) -> AudioInput:

@@ -41,7 +41,7 @@ from attnserve.export.translation import dictionary as cedict
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.engine import ModelEngine
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionGranularity,
     AttentionOptions,
     DecodingOptions,

@@ -69,7 +69,7 @@ def open_engine(repository: pathlib.Path, name: str, variant: str | None = None)
 def translate_with(engine, texts: list[str], target: str, max_new: int = 128, beam_size: int = 1,
                    reverse_weight: float = 0.0) -> list[str]:
     """Translations by an open engine, in input order (`reverse_weight`: DecodingOptions.reverse_weight)."""
-    from attnserve.server.generation import DecodingOptions, GenerationRequest
+    from attnserve.api.generation import DecodingOptions, GenerationRequest
 
     name, results = engine.manifest.name, []
     options = DecodingOptions(max_new, beam_size, reverse_weight=reverse_weight)

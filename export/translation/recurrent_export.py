@@ -16,7 +16,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from attnserve.export.common.onnx_graphs import OPSET
+from attnserve.export.common.onnx_graphs import trace
 from attnserve.export.translation.manifest import translation_manifest
 from attnserve.export.translation.recurrent import RecurrentConfig, RecurrentTranslator
 
@@ -82,7 +82,7 @@ def export_graphs(model: RecurrentTranslator, out_dir: pathlib.Path) -> None:
     model = model.eval()
     encoder_example, decoder_example = example_inputs(model.cfg)
     batch_source = {0: "batch", 1: "source"}
-    torch.onnx.export(
+    trace(
         EncoderGraph(model),
         encoder_example,
         str(out_dir / "encoder.onnx"),
@@ -92,11 +92,8 @@ def export_graphs(model: RecurrentTranslator, out_dir: pathlib.Path) -> None:
             **{name: batch_source for name in ENCODER_INPUTS + ENCODER_OUTPUTS[:2]},
             **{name: {0: "batch"} for name in INITIAL_STATE},
         },
-        opset_version=OPSET,
-        dynamo=False,
-        external_data=False,
     )
-    torch.onnx.export(
+    trace(
         DecoderStepGraph(model),
         decoder_example,
         str(out_dir / "decoder.onnx"),
@@ -107,9 +104,6 @@ def export_graphs(model: RecurrentTranslator, out_dir: pathlib.Path) -> None:
             **{name: {0: "batch"} for name in ["input_ids", "logits", *(n for s in STATE for n in s[:2])]},
             "cross_attentions": {0: "batch", 3: "source"},
         },
-        opset_version=OPSET,
-        dynamo=False,
-        external_data=False,
     )
 
 

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from attnserve.export.common import cpu_bf16
 from attnserve.export.common.average_checkpoints import average_state_dicts
-from attnserve.export.common.training import checkpoint_fields, inverse_sqrt, save_checkpoint
+from attnserve.export.common.training import RunClock, checkpoint_fields, inverse_sqrt, save_checkpoint
 from attnserve.export.translation import bpe
 from attnserve.export.translation.architectures import build_model
 from attnserve.export.translation.recurrent import ATTENTION_SCORES
@@ -255,10 +255,9 @@ def device_name(device: str, cpu_bf16: bool = False) -> str:
 
 def run_epochs(model, optimizer, examples, dev, tokenizer, state, run, minutes, opts) -> None:
     model.train()
-    deadline = time.monotonic() + minutes * 60
-    next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
+    clock = RunClock(run, minutes, opts.checkpoint_minutes)
     recent: list[dict] = []  # the last checkpoints' weights, for averaged.pt
-    while time.monotonic() < deadline:
+    while clock.running():
         batches = make_batches(examples, opts.batch_tokens, random.Random(opts.seed + state["epoch"]))
         remaining = batches[state["batch_in_epoch"] :]
         progress = tqdm(total=len(remaining), desc=f"epoch {state['epoch']}", mininterval=30)
@@ -282,12 +281,7 @@ def run_epochs(model, optimizer, examples, dev, tokenizer, state, run, minutes, 
                     state["step"], state["epoch"], loss.item() / n, optimizer.param_groups[0]["lr"],
                     state["tokens"], state["tokens"] / max(state["seconds"], 1e-9),
                 )
-            stop = (run / "STOP").exists()  # `touch RUN/STOP`: checkpoint now and end, without losing work
-            if stop or time.monotonic() >= next_checkpoint or time.monotonic() >= deadline:
-                checkpoint(model, optimizer, dev, tokenizer, state, run, opts, recent)
-                next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
-            if stop or time.monotonic() >= deadline:
-                (run / "STOP").unlink(missing_ok=True)
+            if clock.after_step(lambda: checkpoint(model, optimizer, dev, tokenizer, state, run, opts, recent)):
                 return
         state["epoch"] += 1
         state["batch_in_epoch"] = 0

@@ -34,7 +34,7 @@ def draw_split(split: str, count: int, seed: int = 1) -> tuple[list[clips.Clip],
 
 def caption_all(engine, files: list[bytes], chunk: int = 64) -> list:
     """Served results (attention at word granularity) in clip order."""
-    from attnserve.server.generation import AttentionGranularity, AttentionOptions, GenerationRequest, VideoInput
+    from attnserve.api.generation import AttentionGranularity, AttentionOptions, GenerationRequest, VideoInput
 
     options = AttentionOptions(enabled=True, granularity=AttentionGranularity.WORDS)
     results = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 
-from attnserve.server.generation import GenerationRequest, VideoInput
+from attnserve.api.generation import GenerationRequest, VideoInput
 
 # A decoded sample, as the preprocessing budget counts it (float32).
 SAMPLE_BYTES = 4
@@ -34,7 +34,7 @@ def decoded_bytes(request: GenerationRequest) -> int:
     if request.audio is not None:
         if request.audio.samples is not None:
             return len(request.audio.samples) * SAMPLE_BYTES
-        return max(wav_bytes(request.audio.wav), len(request.audio.wav))
+        return max(audio_file_bytes(request.audio.wav), len(request.audio.wav))
     return len(request.text) * 4
 
 
@@ -76,12 +76,14 @@ def audio_seconds(request: GenerationRequest) -> float:
     return wav.frames / wav.sample_rate_hz if wav.sample_rate_hz > 0 else 0.0
 
 
-def wav_bytes(data: bytes) -> int:
-    """Samples (frames x channels) x SAMPLE_BYTES a WAV header declares; 0 if it cannot be read."""
-    from attnserve.server.inputs.audio import read_wav
+def audio_file_bytes(data: bytes) -> int:
+    """Samples a file's header declares x SAMPLE_BYTES: every channel of a WAV (read whole), one channel of
+    the compressed formats (decoded to mono block by block); 0 if it cannot be read."""
+    from attnserve.server.inputs import audio_files
 
     try:
-        wav = read_wav(data)
+        header = audio_files.probe(data)
     except Exception:
         return 0
-    return wav.frames * wav.channels * SAMPLE_BYTES
+    channels = header.channels if header.format == "wav" else 1
+    return header.frames * channels * SAMPLE_BYTES

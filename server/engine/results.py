@@ -24,7 +24,7 @@ from attnserve.server.decoding import glossary
 from attnserve.server.attention.attention import attention_matrix, combine_heads
 from attnserve.server.engine.batcher import WorkItem
 from attnserve.server.attention.explanation import explain
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionGranularity,
     GenerationResult,
     ScoredSequence,

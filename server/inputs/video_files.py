@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from attnserve.server.generation import InputTooLargeError, VideoInput
+from attnserve.api.generation import InputTooLargeError, VideoInput
 from attnserve.server.inputs.image import decode as decode_image
 from attnserve.server.inputs.image import flatten, resize
 from attnserve.server.inputs.inputs import VideoInputSpec

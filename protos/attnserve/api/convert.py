@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from attnserve.server import generation as gen
+from attnserve.api import generation as gen
 from attnserve.v1 import attnserve_pb2 as pb
 
 # Wire constants shared by the server and the clients.

@@ -143,7 +143,7 @@ class GenerationRequest:
     # Source text (text models); "" when the request carries audio or an image.
     text: str = ""
     # Target language code, e.g. "en" or "zh-TW"; "" = the model's only target language, or for text the one
-    # the text is not written in (server/language_detection.py), else the first.
+    # the text is not written in (protos/attnserve/api/language_detection.py), else the first.
     target_language: str = ""
     decoding: DecodingOptions = DecodingOptions()
     attention: AttentionOptions = AttentionOptions()
