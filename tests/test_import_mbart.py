@@ -11,6 +11,7 @@ request; tokenizer == MBart50Tokenizer on 1,200 lines each way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -125,6 +126,12 @@ def test_served_default_beam_search_equals_generate_with_the_checkpoints_setting
     _, out = generate(hf, TEXTS)  # the checkpoint's generation_config: num_beams 5, early_stopping true
     results = [f.result(120) for f in [engine.submit(request(t, beam=0)) for t in TEXTS]]
     assert all(agrees(r, row) for r, row in zip(results, out))
+    # n-best under early stopping: the first 5 finished sequences, best first, as num_return_sequences.
+    _, nbest_out = generate(hf, TEXTS[:2], num_return_sequences=3)
+    for k, text in enumerate(TEXTS[:2]):
+        asked = dataclasses.replace(request(text), decoding=DecodingOptions(MAX_NEW, 0, num_return_sequences=3))
+        nbest = engine.generate(asked).nbest
+        assert len(nbest) == 3 and all(agrees(s, row) for s, row in zip(nbest, nbest_out[3 * k : 3 * k + 3]))
     other = [f.result(120) for f in [engine.submit(request(t, beam=1, target="fr_XX")) for t in TEXTS[:4]]]
     _, want = generate(hf, TEXTS[:4], target="fr_XX", num_beams=1)
     assert all(agrees(r, row) for r, row in zip(other, want))
