@@ -70,7 +70,7 @@ GENERATION_DEFAULTS = {"length_penalty": 1.0, "no_repeat_ngram_size": 0, "do_sam
                        "repetition_penalty": 1.0, "forced_eos_token_id": None, "bad_words_ids": None}
 # Buffers transformers 4 saved with every GPT-2 attention (the causal mask and its fill value).
 GPT2_STALE_BUFFERS = (".attn.bias", ".attn.masked_bias", ".crossattention.bias", ".crossattention.masked_bias")
-PROCESSOR_TYPES = ("ViTImageProcessor", "ViTFeatureExtractor", "ViTImageProcessorFast")
+PROCESSOR_TYPES = ("ViTImageProcessor", "ViTImageProcessorPil", "ViTImageProcessorFast", "ViTFeatureExtractor")
 BILINEAR = 2  # PIL.Image.Resampling.BILINEAR, what server/inputs/image.py resizes with
 
 
