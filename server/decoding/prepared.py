@@ -48,6 +48,8 @@ class PreparedRequest:
     # The token the first step must output (manifest forced_first_token: NLLB's target-language token);
     # None = the model chooses.
     forced_first_id: int | None = None
+    # Beam search stops once beam_size sequences are finished (manifest decoding.early_stopping).
+    early_stopping: bool = False
     # Glossary terms the output must contain (server/decoding/glossary.py Constraint); () = none.
     constraints: tuple = ()
 

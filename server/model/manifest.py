@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from attnserve.server.inputs.inputs import InputSpec, TextInputSpec, parse_input
 
 FORMAT_VERSION = 1
-WORD_BOUNDARIES = ("metaspace-cjk",)
+WORD_BOUNDARIES = ("metaspace-cjk", "byte-level")
 STATE_UPDATES = ("append", "replace")
 STATE_DTYPES = ("float32", "float16", "int64", "int32", "bool")
 
@@ -70,6 +70,9 @@ class DecodingDefaults:
 
     # Beams of a request whose beam_size is 0 (unset) and that does not sample; 1 = greedy search.
     beam_size: int = 1
+    # Beam search stops a request as soon as it has beam_size finished sequences (transformers'
+    # early_stopping=True); False = only once no running beam can beat them (early_stopping=False).
+    early_stopping: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,7 +381,9 @@ def _language_model(r: FieldReader) -> LanguageModelSpec | None:
 def _decoding_defaults(r: FieldReader) -> DecodingDefaults:
     if "decoding" not in r.data:
         return DecodingDefaults()
-    return DecodingDefaults(beam_size=r.obj("decoding").integer("beam_size", 1, DecodingDefaults.beam_size))
+    d = r.obj("decoding")
+    return DecodingDefaults(beam_size=d.integer("beam_size", 1, DecodingDefaults.beam_size),
+                            early_stopping=d.get("early_stopping", bool, DecodingDefaults.early_stopping))
 
 
 def _limits(r: FieldReader, spec: InputSpec) -> Limits:
