@@ -60,6 +60,19 @@ class VideoCaptionerConfig:
     max_words: int = 12
     # Objects the training-only presence head tells apart.
     objects: int = len(OBJECT_SET)
+    # The attention keys read the cells alone (with their positions), the BiLSTM's state going only into the
+    # values: a frame-wide term in every key of a frame could let a name match any cell of the right frame.
+    spatial_keys: bool = False
+    # The image captioner's `fine_grid`: cells of half the side (12 x 12 at 48 pixels), for pointing.
+    fine_grid: bool = False
+    # The attention keys read each cell as the last stage sees it (before the grid convolutions, whose view
+    # spans the whole frame: a 21-pixel view at 48 pixels), with its position and the frame's BiLSTM state;
+    # the values keep the whole-frame view. The presence head reads these local cells too.
+    local_keys: bool = False
+
+    def __post_init__(self):
+        if self.local_keys and (self.fine_grid or self.spatial_keys):
+            raise ValueError("local_keys replaces the keys: it goes with neither fine_grid nor spatial_keys")
 
     def frame_config(self) -> ShowAttendTellConfig:
         """The image captioner's config for the per-frame encoder and the speller."""
@@ -67,7 +80,8 @@ class VideoCaptionerConfig:
             vocab_size=self.vocab_size, image_size=self.frame_size, stem=self.stem, stages=self.stages,
             grid_convs=self.grid_convs, feature_dim=self.feature_dim, embed_dim=self.embed_dim,
             decoder_hidden=self.decoder_hidden, attention_dim=self.attention_dim, dropout=self.dropout,
-            mean=self.mean, std=self.std, max_words=self.max_words, objects=self.objects)
+            mean=self.mean, std=self.std, max_words=self.max_words, objects=self.objects,
+            fine_grid=self.fine_grid)
 
     @property
     def grid(self) -> int:
@@ -116,33 +130,49 @@ class VideoShowAttendTell(nn.Module):
         self.frame_encoder = Encoder(frame_cfg)
         self.temporal = Temporal(cfg)
         self.speller = Speller(frame_cfg)
+        if cfg.local_keys:  # the last stage's channels -> the feature width
+            self.local = nn.Linear((cfg.stem, *cfg.stages)[-1], cfg.feature_dim)
         self.presence = nn.Linear(cfg.feature_dim, cfg.objects)  # training only; not exported
         self.action = nn.Linear(2 * cfg.temporal_hidden, 1)  # training only; not exported
 
     def features(self, pixels: torch.Tensor):
-        """(B, T, 3, H, W) -> memory (B, T*G, D), plain cells (B, T, G, D), BiLSTM states (B, T, 2H)."""
+        """(B, T, 3, H, W) -> memory (B, T*G, D), its keys (B, T*G, A), plain cells (B, T, G, D), BiLSTM
+        states (B, T, 2H), and what the presence head reads (B, T, G, D)."""
         b, t = pixels.shape[0], pixels.shape[1]
-        with_position, plain = self.frame_encoder(pixels.flatten(0, 1))  # (B*T, G, D) each
-        cells = with_position.unflatten(0, (b, t))  # (B, T, G, D)
-        plain = plain.unflatten(0, (b, t))
-        when, states = self.temporal(cells)
-        memory = (cells + when[:, :, None, :]).flatten(1, 2)  # (B, T*G, D), frame-major
-        return memory, plain, states
+        with_position, plain, local = (x.unflatten(0, (b, t)) if x is not None else None
+                                       for x in self.frame_cells(pixels.flatten(0, 1)))  # (B, T, G, D) each
+        when, states = self.temporal(with_position)
+        memory = (with_position + when[:, :, None, :]).flatten(1, 2)  # (B, T*G, D), frame-major
+        if local is not None:
+            source = (local + self.frame_encoder.position + when[:, :, None, :]).flatten(1, 2)
+        else:
+            source = with_position.flatten(1, 2) if self.cfg.spatial_keys else memory
+        return memory, self.speller.attention.keys(source), plain, states, plain if local is None else local
+
+    def frame_cells(self, frames: torch.Tensor):
+        """(N, 3, H, W) -> cells with positions, without (N, G, D), and with `local_keys` the local cells (N, G, D)
+        (else None)."""
+        if not self.cfg.local_keys:
+            return *self.frame_encoder(frames), None
+        net = self.frame_encoder.net
+        last_stage = 3 + 4 * len(self.cfg.stages)  # the stem's and each stage's layers (export/image/model.py)
+        early = net[:last_stage](frames)  # (N, C, g, g)
+        plain = net[last_stage:](early).flatten(2).transpose(1, 2)  # (N, G, D)
+        local = torch.relu(self.local(early.flatten(2).transpose(1, 2)))  # (N, G, D)
+        return plain + self.frame_encoder.position, plain, local
 
     def encode(self, pixels: torch.Tensor):
         """(B, T, 3, H, W) normalised frames -> memory (B, T*G, D), keys (B, T*G, A), h0 and c0 (B, Hd)."""
-        memory, plain, _ = self.features(pixels)
-        keys = self.speller.attention.keys(memory)
+        memory, keys, plain, _, _ = self.features(pixels)
         h, c = self.speller.initial_state(plain.mean((1, 2)))
         return memory, keys, h, c
 
     def forward(self, pixels: torch.Tensor, tgt_in: torch.Tensor):
         """Teacher-forced pass: logits (B, U, V), attention (B, U, T*G), presence logits (B, T, objects) and
         action logits (B, T)."""
-        memory, plain, states = self.features(pixels)
-        keys = self.speller.attention.keys(memory)
+        memory, keys, plain, states, seen = self.features(pixels)
         h, c = self.speller.initial_state(plain.mean((1, 2)))
-        presence = self.presence(plain).amax(2)  # (B, T, objects): each object's best cell in each frame
+        presence = self.presence(seen).amax(2)  # (B, T, objects): each object's best cell in each frame
         action = self.action(states)[..., 0]  # (B, T)
         logits, weights = self.speller.teacher_forced(tgt_in, h, c, memory, keys)
         return logits, weights, presence, action

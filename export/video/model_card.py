@@ -1,10 +1,14 @@
 """Writes the clip captioner's card (README.md next to its version folders) from what was measured.
 
     python -m attnserve.export.video.model_card --checkpoint RUN/best.pt --scores models/caption-video/scores.json \\
-        --parity models/caption-video/parity.json --model-dir models/caption-video/1
+        --parity models/caption-video/parity.json --model-dir models/caption-video/2 \\
+        --before models/caption-video/scores-v1.json --containers models/caption-video/scores-{gif,webm-vp9,webm-vp8}.json \\
+        --findings FINDINGS.md
 
 Training time and the dev history come from the checkpoint, scores from `attnserve.export.video.evaluate`,
-parity from the exporter's output.
+parity from the exporter's output. `--before` adds a table of the previous version's scores beside these,
+`--containers` the scores of the same clips sent in other containers, `--findings` a hand-written section
+(what the attention shows and what falls short) before the parity table.
 """
 
 from __future__ import annotations
@@ -54,15 +58,46 @@ def example_lines(scores: dict, split: str = "test") -> list[str]:
     return lines
 
 
-def card(ckpt: dict, scores: dict, parity: dict, model_dir: pathlib.Path) -> str:
+CONTAINERS = {"gif": "animated GIF", "webm": "WebM / VP9", "webm-vp8": "WebM / VP8", "mp4": "MP4 / H.264"}
+
+
+def before_after_lines(before: dict, after: dict, version: str) -> list[str]:
+    """The previous version's served scores beside this one's, split by split."""
+    lines = [f"| split | exact match | temporal pointing | spatial pointing (target 80%) | cell overlaps box |",
+             "|---|---|---|---|---|"]
+    keys = ("exact", "temporal_pointing", "spatial_pointing", "spatial_pointing_overlap")
+    for name, s in after["splits"].items():
+        old = before["splits"].get(name)
+        if old is None:
+            continue
+        lines.append(f"| {name} | " + " | ".join(f"{old[k]:.1%} -> **{s[k]:.1%}**" for k in keys) + " |")
+    return [f"## Before -> after (version {int(version) - 1} -> {version}, the same served clips)", "", *lines, ""]
+
+
+def container_lines(runs: list[dict]) -> list[str]:
+    if not runs:
+        return []
+    first = next(iter(runs[0]["splits"].values()))
+    lines = [f"## Other containers (the first {first['clips']} test clips, {first['size']} x {first['size']} at "
+             f"{first['fps']} fps)", "", "| container | clips | exact match | temporal pointing | spatial pointing |",
+             "|---|---|---|---|---|"]
+    for run in runs:
+        s = run["splits"]["test"]
+        lines.append(f"| {CONTAINERS.get(s['container'], s['container'])} | {s['clips']} | {s['exact']:.1%} | "
+                     f"{s['temporal_pointing']:.1%} | {s['spatial_pointing']:.1%} |")
+    return [*lines, ""]
+
+
+def card(ckpt: dict, scores: dict, parity: dict, model_dir: pathlib.Path, before: dict | None = None,
+         containers: tuple[dict, ...] = (), findings: str = "") -> str:
     lines = [
         f"# caption-video (version {model_dir.name})", "",
         "An English captioner of short animated emoji clips: show, attend and tell in time. Each caption word comes "
         "with its attention over every (frame, cell) of the clip, so a verb shows *when* the model looked and a "
-        "noun *where*. Trained from scratch on one thread of a shared 2-core CPU, on synthetic clips only "
+        "noun *where*. Trained on one thread of a shared 2-core CPU, on synthetic clips only "
         "(export/video/clips.py): it knows 20 emoji and 10 events and nothing else.", "",
         *model_section(ckpt),
-        *training_section(ckpt["state"]),
+        *training_section(ckpt["state"], "pointing" if "init" in ckpt["state"] else "exact"),
         *data_section(),
         "## Scores (served: each clip an MP4/H.264 file of 96 x 96 pixels at 12 fps, greedy)", "",
         *score_lines(scores), "",
@@ -72,7 +107,10 @@ def card(ckpt: dict, scores: dict, parity: dict, model_dir: pathlib.Path) -> str
         "has its centre in that object's box in that frame (or, the looser reading, overlaps it); chance is the share "
         "of positions that would hit. A "
         "word naming an object (or a verb) the clip does not hold scores 0.", "",
+        *(before_after_lines(before, scores, model_dir.name) if before else []),
         "## Examples (test split): each word's attention per frame", "", *example_lines(scores), "",
+        *container_lines(list(containers)),
+        *([findings.rstrip("\n"), ""] if findings else []),
         "## Parity (ONNX Runtime against PyTorch, largest absolute difference)", "",
         "| output | max abs diff |", "|---|---|", *[f"| {k} | {v:.1e} |" for k, v in parity["max_abs_diff"].items()], "",
         f"at (batch, frames) = {', '.join(map(str, parity['parity_shapes']))}, the decoder chained 6 steps.", "",
@@ -92,10 +130,14 @@ def model_section(ckpt: dict) -> list[str]:
         f"- Per frame: the image captioner's encoder (a stride-2 3x3 convolution of {cfg['stem']} channels, "
         f"{len(cfg['stages'])} stages of 3x3 convolution + 2x2 max-pool ({', '.join(map(str, cfg['stages']))} "
         f"channels), {cfg['grid_convs']} 3x3 convolutions on the grid, a 1x1 projection to {cfg['feature_dim']}) "
-        f"gives a {grid} x {grid} grid of cells with a learned position embedding per cell.",
+        + ("with its `fine_grid` (the deep features, upsampled, joined with the last stage's input by a 3x3 "
+           "convolution) " if cfg.get("fine_grid") else "")
+        + f"gives a {grid} x {grid} grid of {cfg['frame_size'] // grid}-pixel cells with a learned position "
+        "embedding per cell.",
         f"- Over frames: each frame's grid, linearly summarised ({cfg['summary_dim']}), joined with its change since "
         f"the previous frame, goes through a BiLSTM ({cfg['temporal_hidden']} units each way, two exported LSTMs); "
-        "its state at each frame, projected, is added to every cell of that frame.",
+        "its state at each frame, projected, is added to every cell of that frame"
+        + (" in the attention's values only: the keys are the cells' own." if cfg.get("spatial_keys") else "."),
         f"- Speller: the image captioner's LSTM cell ({cfg['decoder_hidden']} units) with additive attention over "
         f"all (frame, cell) positions, a gate on the context and a deep output layer; {cfg['vocab_size']} output ids "
         f"(whole words + 4 specials); {parameters / 1e6:.2f}M parameters exported.",
@@ -103,22 +145,30 @@ def model_section(ckpt: dict) -> list[str]:
     ]
 
 
-def training_section(state: dict) -> list[str]:
-    best = max(state["history"], key=lambda h: h["exact"])
-    return [
+def training_section(state: dict, select: str = "exact") -> list[str]:
+    best = max(state["history"], key=lambda h: (h["spatial"] if select == "pointing" else h["exact"]))
+    lines = [
         "## Training",
-        f"- {state['step']:,} steps of 32 clips, {state['clips']:,} clips seen (none twice: each drawn from its "
-        f"own seed), {state['seconds'] / 60:.0f} minutes of compute on one thread "
-        f"({state['clips'] / max(state['seconds'], 1):.0f} clips/s on a machine shared with 5 other jobs).",
+        f"- {state['step']:,} steps of 32 clips in all, {state['clips']:,} clips seen (none twice: each drawn from "
+        f"its own seed), {state['seconds'] / 60:.0f} minutes of compute on one thread "
+        f"({state['clips'] / max(state['seconds'], 1):.0f} clips/s on a machine shared with other jobs).",
         "- Loss: word cross-entropy (label smoothing 0.05) + 0.5 x a training-only per-frame presence head (each "
         "object's best cell in a frame against the objects visible in it) + 0.1 x a training-only per-frame "
-        "action head (an action window covers the frame); the first 901 steps used a whole-clip presence head at "
-        "0.1. Adam, warm-up then inverse-square-root decay. 20% of the clips drawn at twice the size and resized "
-        "as the server resizes.",
-        f"- Selected by dev exact match (400 clips): {best['exact']:.1%} at step {best['step']:,} (temporal "
-        f"pointing {best['temporal']:.1%}, spatial {best['spatial']:.1%}). Script: "
-        "`python -m attnserve.export.video.train`.", "",
+        "action head (an action window covers the frame); version 1's first 901 steps used a whole-clip presence "
+        "head at 0.1. Adam, warm-up then inverse-square-root decay. 20% of the clips drawn at twice the size and "
+        "resized as the server resizes. No box ever reaches training.",
     ]
+    if "init" in state:
+        lines.append(
+            f"- Warm-started from version 1 (step {state.get('init_step', state.get('warm_from', 0)):,}; export/video/warm_start.py): "
+            "its weights on the finer grid, each coarse cell's features and position copied to its four quarters "
+            "and a pass-through join, so it began where version 1 was; a fresh Adam ramped up over 200 steps.")
+    rule = ("dev spatial pointing among checkpoints of at least 97% dev exact match" if select == "pointing"
+            else "dev exact match")
+    lines += [f"- Selected by {rule} (400 clips): exact {best['exact']:.1%} at step {best['step']:,} (temporal "
+              f"pointing {best['temporal']:.1%}, spatial {best['spatial']:.1%}). Script: "
+              "`python -m attnserve.export.video.train`.", ""]
+    return lines
 
 
 def data_section() -> list[str]:
@@ -142,9 +192,16 @@ def main() -> None:
     parser.add_argument("--scores", type=pathlib.Path, required=True)
     parser.add_argument("--parity", type=pathlib.Path, required=True)
     parser.add_argument("--model-dir", type=pathlib.Path, required=True)
+    parser.add_argument("--before", type=pathlib.Path, help="the previous version's scores.json")
+    parser.add_argument("--containers", type=pathlib.Path, nargs="*", default=[])
+    parser.add_argument("--findings", type=pathlib.Path, help="a hand-written markdown section")
     args = parser.parse_args()
     ckpt = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
-    text = card(ckpt, json.loads(args.scores.read_text()), json.loads(args.parity.read_text()), args.model_dir)
+    read = lambda path: json.loads(path.read_text())  # noqa: E731
+    text = card(ckpt, read(args.scores), read(args.parity), args.model_dir,
+                before=read(args.before) if args.before else None,
+                containers=tuple(read(p) for p in args.containers),
+                findings=args.findings.read_text() if args.findings else "")
     write_card(args.model_dir.parent / "README.md", text)  # keeps a "How each version was made" section
 
 

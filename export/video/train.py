@@ -34,6 +34,7 @@ from attnserve.export.common.training import RunClock, inverse_sqrt, save_checkp
 from attnserve.export.video import clips, scoring, vocabulary
 from attnserve.export.video.model import VideoCaptionerConfig, VideoShowAttendTell, normalize
 from attnserve.export.video.render import FrameRenderer
+from attnserve.export.video.warm_start import adapted_state
 
 log = logging.getLogger("attnserve.video.train")
 
@@ -58,6 +59,9 @@ class TrainOptions:
     # Minutes between checkpoints / dev evaluations; dev clips scored each time.
     checkpoint_minutes: float = 5.0
     dev_clips: int = 400
+    # What picks best.pt: "exact" (dev exact match) or "pointing" (dev spatial pointing at min_exact or more).
+    select: str = "exact"
+    min_exact: float = 0.97
 
 
 @dataclasses.dataclass
@@ -162,8 +166,9 @@ def _config(fields: dict) -> VideoCaptionerConfig:
     return VideoCaptionerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
-def train(sprites: dict, run: pathlib.Path, minutes: float, cfg: VideoCaptionerConfig, opts: TrainOptions) -> None:
-    # Model and optimizer: fresh, or resumed from last.pt (whose config wins).
+def train(sprites: dict, run: pathlib.Path, minutes: float, cfg: VideoCaptionerConfig, opts: TrainOptions,
+          init: pathlib.Path | None = None) -> None:
+    # Model and optimizer: resumed from last.pt (whose config wins), started from `init`'s weights, or fresh.
     run.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(opts.seed)
     last = run / "last.pt"
@@ -173,17 +178,46 @@ def train(sprites: dict, run: pathlib.Path, minutes: float, cfg: VideoCaptionerC
     model = VideoShowAttendTell(cfg)
     optimizer = torch.optim.Adam(model.parameters(), lr=opts.lr)
     state = {"step": 0, "clips": 0, "seconds": 0.0, "best_exact": -1.0, "history": []}
+    data, dev = ClipData(sprites, "train", cfg, opts), ClipData(sprites, "dev", cfg, opts)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         state = ckpt["state"]
         torch.set_rng_state(ckpt["rng"])
         log.info("resumed at step %d (%d clips seen)", state["step"], state["clips"])
+    elif init is not None:
+        state = warm_start(model, optimizer, init, data)
     log.info("model: %s, %.2fM parameters", cfg, sum(p.numel() for p in model.parameters()) / 1e6)
-
-    # Data: training clips drawn on the fly, dev clips the same way (the first dev_clips of the split).
-    data, dev = ClipData(sprites, "train", cfg, opts), ClipData(sprites, "dev", cfg, opts)
     run_steps(model, optimizer, data, dev, state, run, minutes, opts)
+
+
+def warm_start(model, optimizer, init: pathlib.Path, data: ClipData) -> dict:
+    """Weights from `init` (export/video/warm_start.py), its optimizer when every shape matches; the run goes on
+    from init's step, so its clips are new ones and the learning rate continues its decay (ramped up again over
+    warmup_steps when the optimizer starts afresh)."""
+    ckpt = torch.load(init, map_location="cpu", weights_only=False)
+    old = VideoShowAttendTell(_config(ckpt["config"]))
+    old.load_state_dict(ckpt["model"])
+    first, _ = data.batch(0, data.opts.batch_size)
+    model.load_state_dict(adapted_state(old.eval(), model, first.frames))
+    old_shapes, new_shapes = [p.shape for p in old.parameters()], [p.shape for p in model.parameters()]
+    same = old_shapes == new_shapes
+    state = {"step": ckpt["state"]["step"], "clips": ckpt["state"]["clips"], "seconds": ckpt["state"]["seconds"],
+             "best_exact": -1.0, "best_score": -1.0, "history": [], "init": str(init),
+             "init_step": ckpt["state"]["step"]}
+    if same:
+        optimizer.load_state_dict(ckpt["optimizer"])
+    else:
+        state["warm_from"] = state["step"]
+    log.info("started from %s at step %d (optimizer %s)", init, state["step"], "kept" if same else "fresh")
+    return state
+
+
+def learning_rate(state: dict, opts: TrainOptions) -> float:
+    lr = inverse_sqrt(state["step"] + 1, opts)
+    if "warm_from" in state:  # a fresh optimizer on warm-started weights: ramp up again
+        lr *= min(1.0, (state["step"] + 1 - state["warm_from"]) / opts.warmup_steps)
+    return lr
 
 
 def run_steps(model, optimizer, data: ClipData, dev: ClipData, state: dict, run, minutes: float,
@@ -193,7 +227,7 @@ def run_steps(model, optimizer, data: ClipData, dev: ClipData, state: dict, run,
     while True:
         started = time.monotonic()
         for group in optimizer.param_groups:
-            group["lr"] = inverse_sqrt(state["step"] + 1, opts)
+            group["lr"] = learning_rate(state, opts)
         batch, _ = data.batch(state["step"] * opts.batch_size, opts.batch_size)
         loss, parts = loss_on(model, batch, opts)
         optimizer.zero_grad(set_to_none=True)
@@ -221,10 +255,24 @@ def checkpoint(model, optimizer, dev: ClipData, state: dict, run: pathlib.Path, 
         log.info("  ref: %s\n  hyp: %s", reference, hypothesis)
     state["history"].append({"step": state["step"], "clips": state["clips"], "train_seconds": state["seconds"],
                              **{k: v for k, v in scores.items() if k != "examples"}})
-    if scores["exact"] > state["best_exact"]:
-        state["best_exact"] = scores["exact"]
+    if _selected(scores, state, opts):
         save_checkpoint(run / "best.pt", model, optimizer, state, dev.tokenizer)
     save_checkpoint(run / "last.pt", model, optimizer, state, dev.tokenizer)
+
+
+def _selected(scores: dict, state: dict, opts: TrainOptions) -> bool:
+    """Whether this checkpoint becomes best.pt: the highest dev exact match, or with `select="pointing"` the
+    highest dev spatial pointing among checkpoints at or above `min_exact`."""
+    if opts.select == "pointing":
+        if scores["exact"] < opts.min_exact or scores["spatial"] <= state.get("best_score", -1.0):
+            return False
+        state["best_score"] = scores["spatial"]
+        state["best_exact"] = scores["exact"]
+        return True
+    if scores["exact"] > state["best_exact"]:
+        state["best_exact"] = scores["exact"]
+        return True
+    return False
 
 
 def main() -> None:
@@ -239,17 +287,24 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=TrainOptions.lr)
     parser.add_argument("--frame-size", type=int, default=VideoCaptionerConfig.frame_size, help="a new run only")
     parser.add_argument("--stages", type=int, nargs="+", default=list(VideoCaptionerConfig.stages), help="a new run only")
+    parser.add_argument("--spatial-keys", action="store_true", help="a new run only: keys from the cells alone")
+    parser.add_argument("--fine-grid", action="store_true", help="a new run only: the image captioner's fine_grid")
+    parser.add_argument("--local-keys", action="store_true", help="a new run only: keys from the last stage's cells")
+    parser.add_argument("--init", type=pathlib.Path, help="a new run only: start from this checkpoint's weights")
+    parser.add_argument("--select", choices=["exact", "pointing"], default=TrainOptions.select)
     args = parser.parse_args()
     args.run.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         handlers=[logging.FileHandler(args.run / "train.log"), logging.StreamHandler()])
     torch.set_num_threads(args.threads)
-    opts = TrainOptions(batch_size=args.batch_size, lr=args.lr, checkpoint_minutes=args.checkpoint_minutes)
-    cfg = VideoCaptionerConfig(frame_size=args.frame_size, stages=tuple(args.stages))
+    opts = TrainOptions(batch_size=args.batch_size, lr=args.lr, checkpoint_minutes=args.checkpoint_minutes,
+                        select=args.select)
+    cfg = VideoCaptionerConfig(frame_size=args.frame_size, stages=tuple(args.stages), spatial_keys=args.spatial_keys,
+                               fine_grid=args.fine_grid, local_keys=args.local_keys)
     if objects.CLDR_ANNOTATIONS.exists():  # Debian unicode-cldr-core: the names are CLDR's, as for images
         objects.check_names(objects=clips.OBJECT_SET)
     sprites = objects.render_sprites(objects=clips.OBJECT_SET)
-    train(sprites, args.run, args.minutes, cfg, opts)
+    train(sprites, args.run, args.minutes, cfg, opts, args.init)
 
 
 if __name__ == "__main__":
