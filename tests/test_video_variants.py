@@ -48,6 +48,18 @@ def test_local_keys_export_with_onnx_equal_to_pytorch_and_read_the_cells_before_
     assert by_key[0, 0] and (by_value | ~by_key).all() and by_value.sum() > by_key.sum()
 
 
+def test_keys_without_positions_tell_cells_apart_only_by_what_they_show():
+    import torch
+
+    frames = torch.full((1, 2, 3, 16, 16), 0.3)  # nothing to see: every cell shows the same
+    with torch.no_grad():
+        _, keys, *_ = captioner(seed=7, local_keys=True, key_positions=False).features(frames)
+        _, placed, *_ = captioner(seed=7, local_keys=True).features(frames)
+    inner = keys[0, [5, 6, 9, 10]]  # the 2 x 2 cells away from the zero-padded border, frame 0
+    assert torch.allclose(inner, inner[:1].expand_as(inner), atol=1e-6)
+    assert not torch.allclose(placed[0, 5], placed[0, 6])
+
+
 def test_spatial_keys_leave_the_frame_state_out_of_the_keys_only():
     import torch
 
@@ -71,8 +83,8 @@ def test_a_fine_grid_warm_started_from_a_coarse_model_computes_what_it_did():
     fine.load_state_dict(adapted_state(coarse, fine, frames, jitter=0.0))
     ids = torch.randint(4, coarse.cfg.vocab_size, (3, 5))
     with torch.no_grad():
-        old_logits, old_weights, old_presence, _ = coarse(frames, ids)
-        new_logits, new_weights, new_presence, _ = fine(frames, ids)
+        old_logits, old_weights, old_presence, *_ = coarse(frames, ids)
+        new_logits, new_weights, new_presence, *_ = fine(frames, ids)
     assert torch.allclose(new_logits, old_logits, atol=1e-4)
     assert torch.allclose(new_presence, old_presence, atol=1e-4)
     # Each coarse cell's weight is shared by its four quarters.
@@ -82,5 +94,33 @@ def test_a_fine_grid_warm_started_from_a_coarse_model_computes_what_it_did():
     # With the default jitter the quarters differ, so the fine grid can learn to point within a coarse cell.
     fine.load_state_dict(adapted_state(coarse, fine, frames))
     with torch.no_grad():
-        _, jittered, _, _ = fine(frames, ids)
+        _, jittered, *_ = fine(frames, ids)
     assert not torch.allclose(jittered, new_weights)
+
+
+def test_the_grounding_loss_asks_each_name_word_for_its_object():
+    import numpy as np
+    import torch
+
+    from attnserve.export.video import clips
+    from attnserve.export.video.train import ClipData, TrainOptions, loss_on
+    from tiny_video import config
+
+    sprites = {name: np.full((8, 8, 4), 255, np.uint8) for name in clips.NAMES}
+    data = ClipData(sprites, "train", config(local_keys=True, key_positions=False), TrainOptions())
+    batch, drawn = data.batch(0, 6)
+    index = {o.name: k for k, o in enumerate(clips.OBJECT_SET)}
+    for row, clip in enumerate(drawn):
+        words = clip.caption.split()
+        expected = [-1] * batch.named.shape[1]
+        for name in {a.name for a in clip.actors}:
+            n = len(name.split())
+            for i in range(len(words) - n + 1):
+                if words[i : i + n] == name.split():
+                    expected[i : i + n] = [index[name]] * n
+        assert batch.named[row].tolist() == expected, clip.caption
+    model = captioner(seed=8, local_keys=True, key_positions=False)
+    torch.manual_seed(0)
+    plain, parts = loss_on(model.eval(), batch, TrainOptions())
+    grounded, _ = loss_on(model, batch, TrainOptions(grounding_weight=0.5))
+    assert parts["grounding"] > 0 and torch.isclose(grounded - plain, torch.tensor(0.5 * parts["grounding"]))

@@ -18,6 +18,15 @@ that frame shows (the clip generator knows when each object is visible, never wh
 training); and per frame, from the BiLSTM's state, whether an action is under way (the clip
 generator's action windows). The speller then finds objects and actions by content.
 
+Version 1's name words rarely looked at their object (42% of the time): every cell's features, after the grid
+convolutions, see the whole frame, so any cell told the speller which object was there, and the names read
+mostly one column of the grid wherever the object was. Version 2 (`local_keys`, no `key_positions`) keys the
+attention on each cell as the last stage sees it (a 21-pixel view) plus the frame's BiLSTM state, without
+positions, and trains the presence head on what each name word's attention gathers of those local cells
+(train.py's grounding loss): a name's attention must land where its object can be seen. The values keep the
+whole-frame view. Two variants that did not help are kept as options for the record: `spatial_keys` (keys
+without the BiLSTM state: verbs lost their frames) and `fine_grid` (the image captioner's 12 x 12 grid).
+
 Nothing fixes the number of frames: the frame axis is dynamic in the exported encoder (docs/model-contract.md,
 video input), and every frame of a batch row is real (the server samples the same count from every clip).
 """
@@ -69,10 +78,16 @@ class VideoCaptionerConfig:
     # spans the whole frame: a 21-pixel view at 48 pixels), with its position and the frame's BiLSTM state;
     # the values keep the whole-frame view. The presence head reads these local cells too.
     local_keys: bool = False
+    # With local_keys: the keys carry the cells' position embeddings. Without them a key can only say what a
+    # cell shows (and when), so no cell can become the place every name word reads from (version 1's names
+    # mostly looked at one column of the grid, wherever the object was).
+    key_positions: bool = True
 
     def __post_init__(self):
         if self.local_keys and (self.fine_grid or self.spatial_keys):
             raise ValueError("local_keys replaces the keys: it goes with neither fine_grid nor spatial_keys")
+        if not self.key_positions and not self.local_keys:
+            raise ValueError("key_positions=False needs local_keys (the other keys read the cells with positions)")
 
     def frame_config(self) -> ShowAttendTellConfig:
         """The image captioner's config for the per-frame encoder and the speller."""
@@ -144,7 +159,8 @@ class VideoShowAttendTell(nn.Module):
         when, states = self.temporal(with_position)
         memory = (with_position + when[:, :, None, :]).flatten(1, 2)  # (B, T*G, D), frame-major
         if local is not None:
-            source = (local + self.frame_encoder.position + when[:, :, None, :]).flatten(1, 2)
+            where = self.frame_encoder.position if self.cfg.key_positions else 0.0
+            source = (local + where + when[:, :, None, :]).flatten(1, 2)
         else:
             source = with_position.flatten(1, 2) if self.cfg.spatial_keys else memory
         return memory, self.speller.attention.keys(source), plain, states, plain if local is None else local
@@ -168,14 +184,16 @@ class VideoShowAttendTell(nn.Module):
         return memory, keys, h, c
 
     def forward(self, pixels: torch.Tensor, tgt_in: torch.Tensor):
-        """Teacher-forced pass: logits (B, U, V), attention (B, U, T*G), presence logits (B, T, objects) and
-        action logits (B, T)."""
+        """Teacher-forced pass: logits (B, U, V), attention (B, U, T*G), presence logits (B, T, objects), action
+        logits (B, T), and the presence head on what each word's attention gathers of the cells the presence
+        head reads (B, U, objects): a name word's attention should gather its object."""
         memory, keys, plain, states, seen = self.features(pixels)
         h, c = self.speller.initial_state(plain.mean((1, 2)))
         presence = self.presence(seen).amax(2)  # (B, T, objects): each object's best cell in each frame
         action = self.action(states)[..., 0]  # (B, T)
         logits, weights = self.speller.teacher_forced(tgt_in, h, c, memory, keys)
-        return logits, weights, presence, action
+        gathered = self.presence(weights @ seen.flatten(1, 2))  # (B, U, objects)
+        return logits, weights, presence, action, gathered
 
     @torch.no_grad()
     def greedy_decode(self, pixels: torch.Tensor, max_new_tokens: int | None = None,

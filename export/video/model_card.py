@@ -2,7 +2,8 @@
 
     python -m attnserve.export.video.model_card --checkpoint RUN/best.pt --scores models/caption-video/scores.json \\
         --parity models/caption-video/parity.json --model-dir models/caption-video/2 \\
-        --before models/caption-video/scores-v1.json --containers models/caption-video/scores-{gif,webm-vp9,webm-vp8}.json \\
+        --before models/caption-video/scores-v1.json \\
+        --containers models/caption-video/scores-{gif,webm-vp9,webm-vp8}.json \\
         --findings FINDINGS.md
 
 Training time and the dev history come from the checkpoint, scores from `attnserve.export.video.evaluate`,
@@ -89,7 +90,7 @@ def container_lines(runs: list[dict]) -> list[str]:
 
 
 def card(ckpt: dict, scores: dict, parity: dict, model_dir: pathlib.Path, before: dict | None = None,
-         containers: tuple[dict, ...] = (), findings: str = "") -> str:
+         containers: tuple[dict, ...] = (), findings: str = "", grounding: float = 0.0) -> str:
     lines = [
         f"# caption-video (version {model_dir.name})", "",
         "An English captioner of short animated emoji clips: show, attend and tell in time. Each caption word comes "
@@ -97,7 +98,7 @@ def card(ckpt: dict, scores: dict, parity: dict, model_dir: pathlib.Path, before
         "noun *where*. Trained on one thread of a shared 2-core CPU, on synthetic clips only "
         "(export/video/clips.py): it knows 20 emoji and 10 events and nothing else.", "",
         *model_section(ckpt),
-        *training_section(ckpt["state"], "pointing" if "init" in ckpt["state"] else "exact"),
+        *training_section(ckpt["state"], "pointing" if "init" in ckpt["state"] else "exact", grounding),
         *data_section(),
         "## Scores (served: each clip an MP4/H.264 file of 96 x 96 pixels at 12 fps, greedy)", "",
         *score_lines(scores), "",
@@ -138,6 +139,10 @@ def model_section(ckpt: dict) -> list[str]:
         f"the previous frame, goes through a BiLSTM ({cfg['temporal_hidden']} units each way, two exported LSTMs); "
         "its state at each frame, projected, is added to every cell of that frame"
         + (" in the attention's values only: the keys are the cells' own." if cfg.get("spatial_keys") else "."),
+        *(["- Attention keys: each cell as the last stage sees it (a 21-pixel view, before the grid convolutions "
+           f"that give every cell's value a view of the whole frame), projected to {cfg['feature_dim']}, plus "
+           "its frame's BiLSTM state" + ("" if cfg.get("key_positions", True) else ", without positions")
+           + "; the values keep the whole-frame view."] if cfg.get("local_keys") else []),
         f"- Speller: the image captioner's LSTM cell ({cfg['decoder_hidden']} units) with additive attention over "
         f"all (frame, cell) positions, a gate on the context and a deep output layer; {cfg['vocab_size']} output ids "
         f"(whole words + 4 specials); {parameters / 1e6:.2f}M parameters exported.",
@@ -145,8 +150,11 @@ def model_section(ckpt: dict) -> list[str]:
     ]
 
 
-def training_section(state: dict, select: str = "exact") -> list[str]:
-    best = max(state["history"], key=lambda h: (h["spatial"] if select == "pointing" else h["exact"]))
+def training_section(state: dict, select: str = "exact", grounding: float = 0.0) -> list[str]:
+    if select == "pointing":  # train.py's rule: the best dev spatial pointing at 97% dev exact match or more
+        best = max((h for h in state["history"] if h["exact"] >= 0.97), key=lambda h: h["spatial"])
+    else:
+        best = max(state["history"], key=lambda h: h["exact"])
     lines = [
         "## Training",
         f"- {state['step']:,} steps of 32 clips in all, {state['clips']:,} clips seen (none twice: each drawn from "
@@ -158,11 +166,13 @@ def training_section(state: dict, select: str = "exact") -> list[str]:
         "head at 0.1. Adam, warm-up then inverse-square-root decay. 20% of the clips drawn at twice the size and "
         "resized as the server resizes. No box ever reaches training.",
     ]
+    if grounding:
+        lines.append(f"- Grounding loss ({grounding} x): the presence head on what each name word's attention gathers "
+                     "of the cells it reads must name the word's object (cross-entropy; the caption is the label).")
     if "init" in state:
-        lines.append(
-            f"- Warm-started from version 1 (step {state.get('init_step', state.get('warm_from', 0)):,}; export/video/warm_start.py): "
-            "its weights on the finer grid, each coarse cell's features and position copied to its four quarters "
-            "and a pass-through join, so it began where version 1 was; a fresh Adam ramped up over 200 steps.")
+        start = state.get("init_step", state.get("warm_from", 0))
+        lines.append(f"- Warm-started at step {start:,} (export/video/warm_start.py) from runs that began with "
+                     "version 1's weights; each stage is in the section on how each version was made.")
     rule = ("dev spatial pointing among checkpoints of at least 97% dev exact match" if select == "pointing"
             else "dev exact match")
     lines += [f"- Selected by {rule} (400 clips): exact {best['exact']:.1%} at step {best['step']:,} (temporal "
@@ -195,13 +205,14 @@ def main() -> None:
     parser.add_argument("--before", type=pathlib.Path, help="the previous version's scores.json")
     parser.add_argument("--containers", type=pathlib.Path, nargs="*", default=[])
     parser.add_argument("--findings", type=pathlib.Path, help="a hand-written markdown section")
+    parser.add_argument("--grounding-weight", type=float, default=0.0, help="the run's (train.py --grounding-weight)")
     args = parser.parse_args()
     ckpt = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
     read = lambda path: json.loads(path.read_text())  # noqa: E731
     text = card(ckpt, read(args.scores), read(args.parity), args.model_dir,
                 before=read(args.before) if args.before else None,
                 containers=tuple(read(p) for p in args.containers),
-                findings=args.findings.read_text() if args.findings else "")
+                findings=args.findings.read_text() if args.findings else "", grounding=args.grounding_weight)
     write_card(args.model_dir.parent / "README.md", text)  # keeps a "How each version was made" section
 
 

@@ -5,7 +5,7 @@
 Training clips are never stored: batch k holds training clips k*B .. k*B + B - 1, each drawn from its own
 seed, so a resumed run continues with exactly the clips it would have seen, and no clip repeats. Seeded and
 resumable as the other trainers: the run folder keeps `last.pt` (rerunning the same command continues from
-it; `touch <run>/STOP` checkpoints and ends at once) and `best.pt` (highest dev exact match), and logs to
+it; `touch <run>/STOP` checkpoints and ends at once) and `best.pt` (by `--select`), and logs to
 `<run>/train.log`. Only `dev` selects the model; `test` and `compositional` are for export/video/evaluate.py.
 
 A share of the training clips (`large_share`) is drawn at twice the frame size and brought down by the
@@ -15,6 +15,12 @@ The loss is the words' cross-entropy plus each training-only head's (model.py), 
 objects visible in it (opacity at least one half), and whether an action is under way (the clip's action
 windows). Version 1 trained its first 901 steps with the presence head over the whole clip (the objects the
 caption names) at weight 0.1, then per frame at 0.5: objects were learned slowly (dev spatial pointing 9%).
+Version 2 adds the grounding loss (`grounding_weight`): the presence head on what each name word's attention
+gathers of the cells the presence head reads must say the word's object, with the caption as the only label.
+
+`--init CKPT` starts a new run from another run's weights (export/video/warm_start.py; version 2 started from
+version 1), continuing its step count so its clips are new ones; `--select pointing` keeps as best.pt the
+checkpoint of highest dev spatial pointing among those of at least `min_exact` dev exact match.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from tokenizers import Tokenizer
 from torch.nn import functional as F
 
 from attnserve.export.common.training import RunClock, inverse_sqrt, save_checkpoint
+from attnserve.export.image.scoring import mentions
 from attnserve.export.video import clips, scoring, vocabulary
 from attnserve.export.video.model import VideoCaptionerConfig, VideoShowAttendTell, normalize
 from attnserve.export.video.render import FrameRenderer
@@ -49,6 +56,9 @@ class TrainOptions:
     # Weights of the training-only heads' losses (binary cross-entropy, per clip).
     presence_weight: float = 0.5
     action_weight: float = 0.1
+    # Weight of the grounding loss: the presence head on what a name word's attention gathers must say the
+    # object the word names (the caption is the only label; no box). 0 in version 1.
+    grounding_weight: float = 0.0
     label_smoothing: float = 0.05
     clip_norm: float = 5.0
     # Share of training clips drawn at twice the frame size and resized as the server resizes.
@@ -71,6 +81,7 @@ class Batch:
     tgt_out: torch.Tensor  # (B, U) words + EOS, <pad>-padded
     present: torch.Tensor  # (B, T, objects) 1 where the object is visible in the frame
     acting: torch.Tensor  # (B, T) 1 where a model frame lies in an action window
+    named: torch.Tensor  # (B, U) the object a target word names (part of), -1 for other words
 
 
 class ClipData:
@@ -119,17 +130,25 @@ class ClipData:
                 present[row, t, [self.object_index[name] for name, _ in clip.boxes(float(when))]] = 1
             for _, _, window in clip.verbs:
                 acting[row] = torch.maximum(acting[row], torch.from_numpy(clips.action_frames(window, times)).float())
-        return Batch(normalize(frames, self.cfg), tgt[:, :-1], tgt[:, 1:], present, acting), drawn
+        named = torch.full((count, u), -1)
+        for row, clip in enumerate(drawn):
+            for name, positions in mentions(clip.caption.split()):
+                named[row, positions] = self.object_index[name]
+        return Batch(normalize(frames, self.cfg), tgt[:, :-1], tgt[:, 1:], present, acting, named), drawn
 
 
 def loss_on(model: VideoShowAttendTell, batch: Batch, opts: TrainOptions) -> tuple[torch.Tensor, dict]:
-    logits, _, presence, action = model(batch.frames, batch.tgt_in)
+    logits, _, presence, action, gathered = model(batch.frames, batch.tgt_in)
     words = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.tgt_out.reshape(-1),
                             ignore_index=vocabulary.PAD_ID, label_smoothing=opts.label_smoothing)
     objects = F.binary_cross_entropy_with_logits(presence, batch.present, reduction="sum") / presence[..., 0].numel()
     acting = F.binary_cross_entropy_with_logits(action, batch.acting, reduction="sum") / len(action)
+    grounding = F.cross_entropy(gathered.reshape(-1, gathered.shape[-1]), batch.named.reshape(-1), ignore_index=-1)
     loss = words + opts.presence_weight * objects + opts.action_weight * acting
-    return loss, {"words": words.item(), "presence": objects.item(), "action": acting.item()}
+    if opts.grounding_weight:
+        loss = loss + opts.grounding_weight * grounding
+    return loss, {"words": words.item(), "presence": objects.item(), "action": acting.item(),
+                  "grounding": grounding.item()}
 
 
 @torch.no_grad()
@@ -238,8 +257,9 @@ def run_steps(model, optimizer, data: ClipData, dev: ClipData, state: dict, run,
         state["clips"] += opts.batch_size
         state["seconds"] += time.monotonic() - started
         if state["step"] % 25 == 0:
-            log.info("step %d words %.3f presence %.3f action %.3f lr %.2e, %.1f clips/s", state["step"],
-                     parts["words"], parts["presence"], parts["action"], optimizer.param_groups[0]["lr"],
+            log.info("step %d words %.3f presence %.3f action %.3f grounding %.3f lr %.2e, %.1f clips/s",
+                     state["step"], parts["words"], parts["presence"], parts["action"], parts["grounding"],
+                     optimizer.param_groups[0]["lr"],
                      state["clips"] / max(state["seconds"], 1e-9))
         if clock.after_step(lambda: checkpoint(model, optimizer, dev, state, run, opts)):
             return
@@ -290,6 +310,8 @@ def main() -> None:
     parser.add_argument("--spatial-keys", action="store_true", help="a new run only: keys from the cells alone")
     parser.add_argument("--fine-grid", action="store_true", help="a new run only: the image captioner's fine_grid")
     parser.add_argument("--local-keys", action="store_true", help="a new run only: keys from the last stage's cells")
+    parser.add_argument("--grounding-weight", type=float, default=TrainOptions.grounding_weight)
+    parser.add_argument("--no-key-positions", action="store_true", help="a new run only: keys without positions")
     parser.add_argument("--init", type=pathlib.Path, help="a new run only: start from this checkpoint's weights")
     parser.add_argument("--select", choices=["exact", "pointing"], default=TrainOptions.select)
     args = parser.parse_args()
@@ -298,9 +320,10 @@ def main() -> None:
                         handlers=[logging.FileHandler(args.run / "train.log"), logging.StreamHandler()])
     torch.set_num_threads(args.threads)
     opts = TrainOptions(batch_size=args.batch_size, lr=args.lr, checkpoint_minutes=args.checkpoint_minutes,
-                        select=args.select)
+                        select=args.select, grounding_weight=args.grounding_weight)
     cfg = VideoCaptionerConfig(frame_size=args.frame_size, stages=tuple(args.stages), spatial_keys=args.spatial_keys,
-                               fine_grid=args.fine_grid, local_keys=args.local_keys)
+                               fine_grid=args.fine_grid, local_keys=args.local_keys,
+                               key_positions=not args.no_key_positions)
     if objects.CLDR_ANNOTATIONS.exists():  # Debian unicode-cldr-core: the names are CLDR's, as for images
         objects.check_names(objects=clips.OBJECT_SET)
     sprites = objects.render_sprites(objects=clips.OBJECT_SET)
