@@ -12,9 +12,10 @@ from collections.abc import Iterable, Sequence
 
 import tokenizers
 
-from attnserve.server.model.manifest import Manifest
+from attnserve.server.model.manifest import WORD_BOUNDARIES, Manifest
 
 METASPACE = "▁"
+BYTE_LEVEL_SPACE = "Ġ"  # byte-level BPE's stand-in for the space byte (0x20)
 # CJK radicals, punctuation, kana, bopomofo, ideographs, Hangul, compatibility and full-width forms, and the
 # supplementary ideograph planes: each such character is a word of its own under `metaspace-cjk`.
 _CJK = re.compile(
@@ -40,12 +41,13 @@ class Tokenizer:
         tokenizer: the loaded tokenizer.
         eos: id appended to every source.
         special_ids: ids that always form a word of their own (pad, unk, eos, language tokens, ...).
-        word_boundary: the manifest's `tokenizer.word_boundary`; only "metaspace-cjk" is known.
+        word_boundary: the manifest's `tokenizer.word_boundary`: "metaspace-cjk" or "byte-level".
     """
 
     def __init__(self, tokenizer: tokenizers.Tokenizer, eos: int, special_ids: Iterable[int], word_boundary: str):
-        if word_boundary != "metaspace-cjk":
+        if word_boundary not in WORD_BOUNDARIES:
             raise ValueError(f"unknown word_boundary rule {word_boundary!r}")
+        self.word_boundary = word_boundary
         self._tokenizer = tokenizer
         self.eos = eos
         self.vocab_size = tokenizer.get_vocab_size()
@@ -145,11 +147,32 @@ class Tokenizer:
         before, after = self.decode(previous), self.decode([*previous, new])
         return after[len(os.path.commonprefix([before, after])) :]  # detokenizing only appends
 
+    def is_special(self, ids: Sequence[int]) -> list[bool]:
+        """Whether each id is a special token (a word of its own that decode drops)."""
+        return [i in self._special for i in ids]
+
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The vocabulary piece of each id, e.g. "▁power"."""
         return [self._pieces[i] for i in ids]
 
     def words(self, ids: Sequence[int]) -> Words:
+        """Groups pieces into words by the manifest's rule (`metaspace-cjk`, or `byte-level`: _byte_level_words)."""
+        if self.word_boundary == "byte-level":
+            return self._byte_level_words(ids)
+        return self._metaspace_words(ids)
+
+    def _byte_level_words(self, ids: Sequence[int]) -> Words:
+        """Byte-level BPE (GPT-2, Whisper): a piece starts a word if it starts with "Ġ" (the byte of a space),
+        or it or the previous piece is a special token; labels are the words' decoded text."""
+        pieces = self.pieces(ids)
+        starts = [i for i, piece in enumerate(pieces) if i == 0 or piece.startswith(BYTE_LEVEL_SPACE)
+                  or ids[i] in self._special or ids[i - 1] in self._special]
+        ends = starts[1:] + [len(pieces)]
+        labels = tuple(self._tokenizer.decode(list(ids[a:b]), skip_special_tokens=False).strip() or pieces[a]
+                       for a, b in zip(starts, ends))
+        return Words(tuple(starts), labels)
+
+    def _metaspace_words(self, ids: Sequence[int]) -> Words:
         """Groups pieces into words by the `metaspace-cjk` rule.
 
         A piece starts a new word if it starts with "▁", if it or the previous piece holds a CJK character,

