@@ -141,3 +141,63 @@ def test_served_greedy_equals_generate_with_the_prompt_forced(engine, hf, checkp
         assert len(got) and np.isfinite(got).all()
         rows = np.asarray(result.attention.weights)  # (T, 1500): layer 1, mean over heads
         assert np.abs(rows - attention.mean(0)[: len(rows)].numpy()).max() < ATOL
+
+
+def test_served_logprobs_equal_generates_processed_scores(engine, hf, checkpoint):
+    out = generate(hf, CLIPS[:4], output_scores=True)
+    want = torch.stack([torch.log_softmax(s, -1) for s in out.scores], 1)  # (B, steps, V) after suppression
+    results = [f.result(120) for f in [engine.submit(request(c)) for c in CLIPS[:4]]]
+    worst = max(abs(t.logprob - float(want[b, k, t.id])) for b, r in enumerate(results)
+                for k, t in enumerate(r.tokens[PROMPT:]))
+    print(f"Whisper served log-probs vs generate's scores: max |diff| {worst:.2e}")
+    assert worst < ATOL
+
+
+def test_served_beam_equals_generate_and_joining_requests_agree(engine, hf, checkpoint):
+    eos = json.loads((checkpoint / "config.json").read_text())["eos_token_id"]
+    out = generate(hf, CLIPS, num_beams=3)
+    results = [f.result(120) for f in [engine.submit(request(c, beam=3)) for c in CLIPS]]
+    assert [[t.id for t in r.tokens] for r in results] == [tokens_of(row, eos) for row in out.sequences]
+    greedy = generate(hf, CLIPS[:5])
+    first = engine.submit(request(CLIPS[0]))
+    joined = [engine.submit(request(c)) for c in CLIPS[1:5]]  # while the first decodes
+    got = [[t.id for t in f.result(120).tokens] for f in [first, *joined]]
+    assert got == [tokens_of(row, eos) for row in greedy.sequences]
+
+
+def test_language_is_detected_when_the_request_names_none(engine, hf, checkpoint):
+    eos = json.loads((checkpoint / "config.json").read_text())["eos_token_id"]
+    out = generate(hf, CLIPS[:4], language=None)  # transformers detects it: one step, argmax over languages
+    results = [f.result(120) for f in [engine.submit(request(c, language="")) for c in CLIPS[:4]]]
+    lang_to_id = json.loads((checkpoint / "generation_config.json").read_text())["lang_to_id"]
+    for row, result in zip(out.sequences, results):
+        assert [t.id for t in result.tokens] == tokens_of(row, eos)
+        assert lang_to_id[f"<|{result.target_language}|>"] == result.tokens[0].id
+
+
+def test_word_timestamps_equal_generates_token_timestamps(engine, hf, checkpoint):
+    """DTW over the alignment heads, as `generate(return_token_timestamps=True)` (each clip alone: in a
+    batch transformers also normalises over the rows of sequences that already ended)."""
+    fe, eos = tiny_whisper.feature_extractor(), json.loads((checkpoint / "config.json").read_text())["eos_token_id"]
+    timed, worst = 0, 0.0
+    for clip in CLIPS[:5]:
+        inputs = fe([clip], sampling_rate=16000, return_tensors="pt", return_attention_mask=True)
+        with torch.no_grad():
+            out = hf.generate(inputs.input_features, attention_mask=inputs.attention_mask, language="en",
+                              task="transcribe", max_new_tokens=MAX_NEW, return_dict_in_generate=True,
+                              return_token_timestamps=True)
+        stamps = out["token_timestamps"][0].tolist()  # one per token of sequences (the prompt's are 0)
+        sequences = out["sequences"]
+        result = engine.submit(request(clip)).result(120)
+        assert [t.id for t in result.tokens] == tokens_of(sequences[0], eos)
+        text = result.tokens[PROMPT:]
+        firsts = [k for k, t in enumerate(text) if k == 0 or t.piece.startswith("Ġ")]
+        timed_tokens = len(text) - (result.finish_reason.name != "EOS")  # the last has no row without EOS
+        want = [stamps[1 + PROMPT + k] for k in firsts if k < timed_tokens]
+        got = [w.start_seconds for w in result.words]
+        assert len(got) == len(want) and np.abs(np.array(got) - want).max() <= 0.02 + 1e-6  # one frame
+        worst = max(worst, float(np.abs(np.array(got) - want).max()))
+        assert all(w.start_seconds < w.end_seconds for w in result.words)
+        timed += len(got)
+    print(f"Whisper word starts vs return_token_timestamps: {timed} words, max |diff| {worst:.3f} s")
+    assert timed >= 5
