@@ -201,3 +201,55 @@ def test_word_timestamps_equal_generates_token_timestamps(engine, hf, checkpoint
         timed += len(got)
     print(f"Whisper word starts vs return_token_timestamps: {timed} words, max |diff| {worst:.3f} s")
     assert timed >= 5
+
+
+def test_tokenizer_decodes_as_whisper_tokenizer(repo, checkpoint):
+    from attnserve.server.model.tokenization import Tokenizer
+
+    ours = Tokenizer.from_manifest(repo / NAME / "1", load_manifest(repo / NAME / "1" / "manifest.json"))
+    theirs = tiny_whisper.transformers_tokenizer(checkpoint)
+    rng = np.random.default_rng(0)
+    first_timestamp = theirs.convert_tokens_to_ids("<|0.00|>")
+    # <|startofprev|> makes WhisperTokenizer drop the text before <|startoftranscript|> (a prompt of previous
+    # text); it is in suppress_tokens and never fed, so the server never outputs it.
+    prev = theirs.convert_tokens_to_ids("<|startofprev|>")
+    equal = 0
+    for _ in range(1000):  # text pieces with special and language tokens among them
+        ids = [i for i in rng.integers(0, first_timestamp, rng.integers(1, 12)).tolist() if i != prev] or [0]
+        stamps = rng.integers(first_timestamp, len(theirs), 2).tolist()  # timestamps around the text
+        equal += ours.decode([stamps[0], *ids, stamps[1]]) == theirs.decode(ids, skip_special_tokens=True).strip(" ")
+    print(f"Whisper tokenizer decode == WhisperTokenizer: {equal}/1000")
+    assert equal == 1000
+    words = ours.words(theirs.encode(" Hello big world", add_special_tokens=False))
+    assert words.labels == ("Hello", "big", "world")
+
+
+def test_graph_batch_axes_stay_dynamic(repo):
+    import onnx
+
+    for name in ("encoder.onnx", "decoder.onnx"):
+        graph = onnx.load(str(repo / NAME / "1" / name)).graph
+        for value in [*graph.input, *graph.output]:
+            assert value.type.tensor_type.shape.dim[0].dim_param == "batch", (name, value.name)
+
+
+def test_refusals_name_the_problem_and_leave_nothing(checkpoint, tmp_path):
+    from attnserve.export.importers.command import import_checkpoint
+
+    cases = [("config.json", "rope_theta", 10000.0, "rope_theta"),
+             ("config.json", "scale_embedding", True, "scale_embedding"),
+             ("generation_config.json", "return_timestamps", True, "return_timestamps"),
+             ("preprocessor_config.json", "dither", 1.0, "dither"),
+             ("preprocessor_config.json", "feature_size", 128, "num_mel_bins")]
+    for file, key, value, named in cases:
+        bad = tmp_path / f"bad-{key}"
+        shutil.copytree(checkpoint, bad)
+        data = json.loads((bad / file).read_text())
+        data[key] = value
+        (bad / file).write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=named):
+            import_checkpoint(bad, tmp_path / "repo", "x")
+        assert not (tmp_path / "repo" / "x" / "1").exists()
+    (bad / "preprocessor_config.json").unlink()
+    with pytest.raises(ValueError, match="preprocessor_config.json"):
+        import_checkpoint(bad, tmp_path / "repo", "x")
