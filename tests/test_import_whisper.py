@@ -253,3 +253,48 @@ def test_refusals_name_the_problem_and_leave_nothing(checkpoint, tmp_path):
     (bad / "preprocessor_config.json").unlink()
     with pytest.raises(ValueError, match="preprocessor_config.json"):
         import_checkpoint(bad, tmp_path / "repo", "x")
+
+
+def test_the_imported_model_serves_without_torch_or_transformers(repo, engine):
+    import subprocess
+    import sys
+
+    clip = CLIPS[1]
+    script = f"""
+import sys
+import numpy as np
+for name in ("torch", "transformers", "onnx"):
+    sys.modules[name] = None  # importing any of them now raises ImportError
+sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+import tiny_whisper
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.generation import AudioInput, DecodingOptions, GenerationRequest
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
+engine = load_engine(find_models({str(repo)!r})[{NAME!r}], RuntimeOptions(), BatchingOptions())
+clip = tiny_whisper.clips(8, seed=3)[1]
+result = engine.generate(GenerationRequest({NAME!r}, "", "en", DecodingOptions({MAX_NEW + PROMPT}, 1),
+                                           audio=AudioInput(samples=clip.tolist(), sample_rate_hz=16000)))
+engine.close()
+print(" ".join(str(t.id) for t in result.tokens))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(t.id) for t in engine.generate(request(clip)).tokens]
+
+
+def test_audio_over_the_30_s_window_is_transcribed_in_segments(engine):
+    from attnserve.server.engine.longform import LongFormEngine, LongFormOptions
+
+    assert engine.info.audio.max_seconds == 30.0  # the window long-form cuts at
+    pause = np.zeros(16000, np.float32)
+    parts = [np.concatenate([c, pause]) for c in tiny_whisper.clips(12, seed=5)]
+    recording = np.concatenate(parts)[: 16000 * 45]
+    longform = LongFormEngine(engine, LongFormOptions(vad_aggressiveness=None))
+    result = longform.generate(GenerationRequest(NAME, "", "en", DecodingOptions(MAX_NEW + PROMPT, 1),
+                                                 audio=AudioInput(samples=recording.tolist(), sample_rate_hz=16000)),
+                               timeout=300)
+    assert len(recording) / 16000 > 30 and result.tokens
+    starts = [w.start_seconds for w in result.words]
+    assert starts == sorted(starts) and starts[-1] > 15  # later segments' words shifted by their start
