@@ -95,78 +95,70 @@ def test_features_equal_whisper_feature_extractor(repo):
     assert worst < 1e-4
 
 
-def test_graphs_equal_the_eager_model_at_every_step_layer_and_head(repo, hf):
-    out = generate(hf, CLIPS[:4])
-    features = features_of(CLIPS[:4])
+@pytest.fixture(scope="module")
+def eos(checkpoint):
+    return json.loads((checkpoint / "config.json").read_text())["eos_token_id"]
+
+
+@pytest.fixture(scope="module")
+def greedy(hf):
+    """generate's greedy output on CLIPS (with its processed scores) and the eager forward over it."""
+    out = generate(hf, CLIPS, output_scores=True)
     with torch.no_grad():
-        forward = hf(input_features=features, decoder_input_ids=out.sequences, output_attentions=True)
-    frames = features.transpose(1, 2).numpy()  # (B, T, M) as the server feeds them
+        forward = hf(input_features=features_of(CLIPS), decoder_input_ids=out.sequences, output_attentions=True)
+    return out, forward
+
+
+def test_graphs_equal_the_eager_model_at_every_step_layer_and_head(repo, greedy):
+    out, forward = greedy
+    frames = features_of(CLIPS[:4]).transpose(1, 2).numpy()  # (B, T, M) as the server feeds them
     mask = np.ones(frames.shape[:2], np.int64)
+    sequences = out.sequences[:4].numpy()
     worst_lp, worst_attention = graph_differences(
-        repo / NAME / "1", out.sequences.numpy(), mask[:, ::2], out.sequences.numpy(),
-        torch.log_softmax(forward.logits, -1).numpy(), torch.stack(forward.cross_attentions, 1).numpy(),
-        encoder_feeds={"input_features": frames, "attention_mask": mask})
+        repo / NAME / "1", sequences, mask[:, ::2], sequences, torch.log_softmax(forward.logits[:4], -1).numpy(),
+        torch.stack(forward.cross_attentions, 1)[:4].numpy(), encoder_feeds={"input_features": frames, "attention_mask": mask})
     print(f"Whisper graphs vs eager: max |log-prob diff| {worst_lp:.2e}, max |attention diff| {worst_attention:.2e}")
     assert worst_lp < ATOL and worst_attention < ATOL
 
 
-def test_the_widened_random_weights_attend_peakedly_and_outputs_vary(hf, checkpoint):
-    out = generate(hf, CLIPS)
-    with torch.no_grad():
-        forward = hf(input_features=features_of(CLIPS), decoder_input_ids=out.sequences, output_attentions=True)
+def test_the_widened_random_weights_attend_peakedly_and_outputs_vary(greedy, eos):
+    out, forward = greedy
     weights = torch.stack(forward.cross_attentions)  # (L, B, H, T, 1500)
     assert weights.max(-1).values.mean() > 0.2 > 100 / weights.shape[-1]
-    eos = json.loads((checkpoint / "config.json").read_text())["eos_token_id"]
     lengths = [len(tokens_of(row, eos)) for row in out.sequences]
     assert min(lengths) < MAX_NEW + PROMPT and max(lengths) == MAX_NEW + PROMPT
     assert len({tuple(tokens_of(r, eos)) for r in out.sequences}) > len(CLIPS) // 2
 
 
-def test_served_greedy_equals_generate_with_the_prompt_forced(engine, hf, checkpoint):
-    eos = json.loads((checkpoint / "config.json").read_text())["eos_token_id"]
-    out = generate(hf, CLIPS)
-    with torch.no_grad():
-        forward = hf(input_features=features_of(CLIPS), decoder_input_ids=out.sequences, output_attentions=True)
-    logprobs = torch.log_softmax(forward.logits, -1)
+def test_served_greedy_equals_generate_with_the_prompt_forced(engine, greedy, eos):
+    out, forward = greedy
+    # generate's scores are after suppress_tokens / begin_suppress_tokens, as the server's distribution.
+    want_lp = torch.stack([torch.log_softmax(s, -1) for s in out.scores], 1)  # (B, steps, V)
     results = [f.result(120) for f in [engine.submit(request(c, layer=1)) for c in CLIPS]]
     assert max(r.timings.batch_size for r in results) > 1
-    for row, lp, attention, result in zip(out.sequences, logprobs, forward.cross_attentions[1], results):
-        want = tokens_of(row, eos)
-        assert [t.id for t in result.tokens] == want
+    worst_lp = 0.0
+    for row, lp, attention, result in zip(out.sequences, want_lp, forward.cross_attentions[1], results):
+        assert [t.id for t in result.tokens] == tokens_of(row, eos)
         assert result.target_language == "en"
-        # The prompt is forced (log-prob 0); after it, the eager model's distribution with generate's
-        # suppress_tokens removed (they are suppressed at every step, so renormalised away).
-        got = np.array([t.logprob for t in result.tokens[PROMPT:]])
-        assert np.all(np.array([t.logprob for t in result.tokens[:PROMPT]]) == 0)
-        assert len(got) and np.isfinite(got).all()
+        assert all(t.logprob == 0 for t in result.tokens[:PROMPT])  # forced
+        worst_lp = max([worst_lp, *(abs(t.logprob - float(lp[k, t.id])) for k, t in enumerate(result.tokens[PROMPT:]))])
         rows = np.asarray(result.attention.weights)  # (T, 1500): layer 1, mean over heads
         assert np.abs(rows - attention.mean(0)[: len(rows)].numpy()).max() < ATOL
+    print(f"Whisper served log-probs vs generate's scores: max |diff| {worst_lp:.2e}")
+    assert worst_lp < ATOL
 
 
-def test_served_logprobs_equal_generates_processed_scores(engine, hf, checkpoint):
-    out = generate(hf, CLIPS[:4], output_scores=True)
-    want = torch.stack([torch.log_softmax(s, -1) for s in out.scores], 1)  # (B, steps, V) after suppression
-    results = [f.result(120) for f in [engine.submit(request(c)) for c in CLIPS[:4]]]
-    worst = max(abs(t.logprob - float(want[b, k, t.id])) for b, r in enumerate(results)
-                for k, t in enumerate(r.tokens[PROMPT:]))
-    print(f"Whisper served log-probs vs generate's scores: max |diff| {worst:.2e}")
-    assert worst < ATOL
-
-
-def test_served_beam_equals_generate_and_joining_requests_agree(engine, hf, checkpoint):
-    eos = json.loads((checkpoint / "config.json").read_text())["eos_token_id"]
-    out = generate(hf, CLIPS, num_beams=3)
-    results = [f.result(120) for f in [engine.submit(request(c, beam=3)) for c in CLIPS]]
+def test_served_beam_equals_generate_and_joining_requests_agree(engine, hf, greedy, eos):
+    out = generate(hf, CLIPS[:6], num_beams=3)
+    results = [f.result(120) for f in [engine.submit(request(c, beam=3)) for c in CLIPS[:6]]]
     assert [[t.id for t in r.tokens] for r in results] == [tokens_of(row, eos) for row in out.sequences]
-    greedy = generate(hf, CLIPS[:5])
     first = engine.submit(request(CLIPS[0]))
     joined = [engine.submit(request(c)) for c in CLIPS[1:5]]  # while the first decodes
     got = [[t.id for t in f.result(120).tokens] for f in [first, *joined]]
-    assert got == [tokens_of(row, eos) for row in greedy.sequences]
+    assert got == [tokens_of(row, eos) for row in greedy[0].sequences[:5]]
 
 
-def test_language_is_detected_when_the_request_names_none(engine, hf, checkpoint):
-    eos = json.loads((checkpoint / "config.json").read_text())["eos_token_id"]
+def test_language_is_detected_when_the_request_names_none(engine, hf, checkpoint, eos):
     out = generate(hf, CLIPS[:4], language=None)  # transformers detects it: one step, argmax over languages
     results = [f.result(120) for f in [engine.submit(request(c, language="")) for c in CLIPS[:4]]]
     lang_to_id = json.loads((checkpoint / "generation_config.json").read_text())["lang_to_id"]
@@ -175,10 +167,10 @@ def test_language_is_detected_when_the_request_names_none(engine, hf, checkpoint
         assert lang_to_id[f"<|{result.target_language}|>"] == result.tokens[0].id
 
 
-def test_word_timestamps_equal_generates_token_timestamps(engine, hf, checkpoint):
+def test_word_timestamps_equal_generates_token_timestamps(engine, hf, eos):
     """DTW over the alignment heads, as `generate(return_token_timestamps=True)` (each clip alone: in a
     batch transformers also normalises over the rows of sequences that already ended)."""
-    fe, eos = tiny_whisper.feature_extractor(), json.loads((checkpoint / "config.json").read_text())["eos_token_id"]
+    fe = tiny_whisper.feature_extractor()
     timed, worst = 0, 0.0
     for clip in CLIPS[:5]:
         inputs = fe([clip], sampling_rate=16000, return_tensors="pt", return_attention_mask=True)
@@ -285,16 +277,17 @@ print(" ".join(str(t.id) for t in result.tokens))
 
 
 def test_audio_over_the_30_s_window_is_transcribed_in_segments(engine):
+    """36 s: two segments, cut at a pause, their words' times shifted by the segments' starts."""
     from attnserve.server.engine.longform import LongFormEngine, LongFormOptions
 
     assert engine.info.audio.max_seconds == 30.0  # the window long-form cuts at
     pause = np.zeros(16000, np.float32)
     parts = [np.concatenate([c, pause]) for c in tiny_whisper.clips(12, seed=5)]
-    recording = np.concatenate(parts)[: 16000 * 45]
+    recording = np.concatenate(parts)[: 16000 * 36]
     longform = LongFormEngine(engine, LongFormOptions(vad_aggressiveness=None))
     result = longform.generate(GenerationRequest(NAME, "", "en", DecodingOptions(MAX_NEW + PROMPT, 1),
                                                  audio=AudioInput(samples=recording.tolist(), sample_rate_hz=16000)),
                                timeout=300)
     assert len(recording) / 16000 > 30 and result.tokens
     starts = [w.start_seconds for w in result.words]
-    assert starts == sorted(starts) and starts[-1] > 15  # later segments' words shifted by their start
+    assert starts == sorted(starts) and starts[-1] > 10  # the later segment's words shifted by its start
