@@ -42,9 +42,9 @@ def _special_tokens(codes: list[str]) -> list[str]:
             + [f"<|{i * 0.02:.2f}|>" for i in range(1501)])
 
 
-def _tokenizer(folder: pathlib.Path, codes: list[str], seed: int) -> int:
+def _tokenizer(folder: pathlib.Path, codes: list[str], seed: int, text_size: int | None = None) -> int:
     """tokenizer.json (byte-level BPE as WhisperTokenizerFast's) and tokenizer_config.json; returns the
-    number of text pieces."""
+    number of text pieces (`text_size`: filled up to that many with pieces no text makes)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     rng = random.Random(seed)
@@ -55,6 +55,8 @@ def _tokenizer(folder: pathlib.Path, codes: list[str], seed: int) -> int:
     trainer = trainers.BpeTrainer(vocab_size=TEXT_PIECES, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(lines, trainer)
+    if text_size is not None:  # the benchmark's published 50,257 text pieces
+        tok.add_tokens([AddedToken(f"Ġfill{i}", normalized=False) for i in range(text_size - tok.get_vocab_size())])
     text = tok.get_vocab_size()
     specials = _special_tokens(codes)
     # As the published file: the timestamps are added tokens but not special.
@@ -88,7 +90,7 @@ ID_KEYS = ("begin_suppress_tokens", "bos_token_id", "decoder_start_token_id", "e
            "forced_decoder_ids")
 
 
-def _configs(text: int, space: int, vocab_size: int) -> tuple[dict, dict]:
+def _configs(text: int, space: int, vocab_size: int, real_sizes: bool = False) -> tuple[dict, dict]:
     config = json.loads((FIXTURE / "config.json").read_text())
     generation = json.loads((FIXTURE / "generation_config.json").read_text())
     for table in (config, generation):
@@ -98,13 +100,19 @@ def _configs(text: int, space: int, vocab_size: int) -> tuple[dict, dict]:
         if "forced_decoder_ids" in table:  # [position, id or null] pairs: only the ids move
             table["forced_decoder_ids"] = [[p, None if i is None else _remap(i, text, space)]
                                            for p, i in table["forced_decoder_ids"]]
-    config.update(SIZES, vocab_size=vocab_size, max_length=MAX_LENGTH)
-    generation.update(max_length=MAX_LENGTH, alignment_heads=ALIGNMENT_HEADS)
+    if not real_sizes:
+        config.update(SIZES, vocab_size=vocab_size, max_length=MAX_LENGTH)
+        generation.update(max_length=MAX_LENGTH, alignment_heads=ALIGNMENT_HEADS)
     return config, generation
 
 
-def build(folder: pathlib.Path, seed: int = 0) -> pathlib.Path:
-    """Writes the checkpoint folder and returns it."""
+def build(folder: pathlib.Path, seed: int = 0, real_sizes: bool = False) -> pathlib.Path:
+    """Writes the checkpoint folder and returns it.
+
+    Args:
+        real_sizes: whisper-tiny's published sizes and token ids (51,865 tokens: the text pieces filled up to
+            50,257), for bench/import_whisper_ctranslate2.py.
+    """
     import torch
     from safetensors.torch import save_file
     from tokenizers import Tokenizer
@@ -113,9 +121,9 @@ def build(folder: pathlib.Path, seed: int = 0) -> pathlib.Path:
     folder.mkdir(parents=True, exist_ok=True)
     published = json.loads((FIXTURE / "generation_config.json").read_text())
     codes = [t[2:-2] for t in published["lang_to_id"]]
-    text = _tokenizer(folder, codes, seed)
+    text = _tokenizer(folder, codes, seed, PUBLISHED_TEXT if real_sizes else None)
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    config, generation = _configs(text, tok.token_to_id("Ġ"), tok.get_vocab_size(with_added_tokens=True))
+    config, generation = _configs(text, tok.token_to_id("Ġ"), tok.get_vocab_size(with_added_tokens=True), real_sizes)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
     (folder / "preprocessor_config.json").write_text((FIXTURE / "preprocessor_config.json").read_text())

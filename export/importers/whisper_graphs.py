@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from attnserve.export.importers import seq2seq_graphs
-from attnserve.export.importers.seq2seq_graphs import attend, project_kv
+from attnserve.export.importers.seq2seq_graphs import merge_heads, project_kv, split_heads
 from attnserve.export.onnx_export import OPSET, kv_names
 
 LAYOUT = seq2seq_graphs.Layout(pre_norm=True)
@@ -44,16 +44,22 @@ class WhisperEncoderGraph(nn.Module):
         x = nn.functional.gelu(enc.conv2(x)).transpose(1, 2)  # (B, T/2, D)
         x = x + enc.embed_positions.weight[: x.shape[1]]
         frames = attention_mask[:, ::2][:, : x.shape[1]]  # (B, T/2) the mask at the encoder's rate
-        mask = torch.ones_like(frames, dtype=torch.bool)[:, None, None, :]  # Whisper masks no frame
         for layer in enc.layers:
             def self_attention(h, layer=layer):
-                k, v = project_kv(layer.self_attn, h, self.encoder_heads)
-                return attend(layer.self_attn, h, k, v, mask)[0]
+                return _unmasked_attention(layer.self_attn, h, self.encoder_heads)
             x = p.block(x, layer.self_attn_layer_norm, self_attention)
             x = p.block(x, layer.final_layer_norm, seq2seq_graphs.feed_forward(layer))
         x = enc.layer_norm(x)
         cross = [project_kv(layer.encoder_attn, x, self.decoder_heads) for layer in self.decoder_layers]
         return (x, torch.ones_like(frames), *[t for kv in cross for t in kv])
+
+
+def _unmasked_attention(attn: nn.Module, x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Self-attention of x (B, T, D) over every position: Whisper masks no frame, so the graph spends no
+    masking op on the (B, H, 1500, 1500) scores."""
+    q, (k, v) = split_heads(attn.q_proj(x), heads), project_kv(attn, x, heads)  # (B, H, T, Dh) each
+    weights = (torch.matmul(q, k.transpose(2, 3)) * attn.scaling).softmax(dim=-1)
+    return attn.out_proj(merge_heads(torch.matmul(weights, v)))
 
 
 def export(model: nn.Module, out_dir: pathlib.Path) -> None:

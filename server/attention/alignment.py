@@ -75,6 +75,7 @@ def token_starts(weights: np.ndarray, median_width: int, seconds_per_column: flo
         (R,) seconds, and the end in seconds of the last row.
     """
     std = weights.std(axis=0, keepdims=True)
+    std[std == 0] = 1.0  # one token, or a frame every token weighs alike: nothing to standardise (not NaN)
     matrix = (weights - weights.mean(axis=0, keepdims=True)) / std  # (R, K, C)
     matrix = median_filter(matrix.transpose(1, 0, 2), median_width).mean(axis=0)  # (R, C)
     text, time = dtw(-matrix.astype(np.float64))
