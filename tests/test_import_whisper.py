@@ -12,6 +12,7 @@ language detected when the request names none; word timestamps from the alignmen
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -69,9 +70,9 @@ def features_of(clips) -> "torch.Tensor":
     return torch.from_numpy(fe(clips, sampling_rate=16000, return_tensors="np").input_features)
 
 
-def generate(hf, clips, language="en", **options):
+def generate(hf, clips, language="en", task="transcribe", **options):
     with torch.no_grad():
-        return hf.generate(features_of(clips), language=language, task="transcribe", max_new_tokens=MAX_NEW,
+        return hf.generate(features_of(clips), language=language, task=task, max_new_tokens=MAX_NEW,
                            return_dict_in_generate=True, **options)
 
 
@@ -291,3 +292,29 @@ def test_audio_over_the_30_s_window_is_transcribed_in_segments(engine):
     assert len(recording) / 16000 > 30 and result.tokens
     starts = [w.start_seconds for w in result.words]
     assert starts == sorted(starts) and starts[-1] > 10  # the later segment's words shifted by its start
+
+
+def test_speech_translation_equals_generate_task_translate(engine, hf, eos):
+    """source_language de, target en: Whisper's task=translate prompt, `<|de|> <|translate|> <|notimestamps|>`."""
+    out = generate(hf, CLIPS[:4], language="de", task="translate")
+    results = [f.result(120) for f in [engine.submit(dataclasses.replace(request(c), source_language="de"))
+                                       for c in CLIPS[:4]]]
+    for row, result in zip(out.sequences, results):
+        assert [t.id for t in result.tokens] == tokens_of(row, eos)
+        assert result.target_language == "en"
+
+
+def test_dtw_and_median_filter_equal_transformers_on_random_matrices():
+    from transformers.models.whisper.generation_whisper import _dynamic_time_warping, _median_filter
+
+    from attnserve.server.attention.alignment import dtw, median_filter
+
+    rng = np.random.default_rng(4)
+    for rows, cols in [(1, 5), (3, 3), (7, 40), (12, 150), (30, 9)]:
+        matrix = rng.standard_normal((rows, cols))
+        matrix[:, rng.integers(0, cols, 2)] = 0.5  # ties: the tie rules must agree too
+        want = _dynamic_time_warping(matrix.copy())
+        got = dtw(matrix)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (rows, cols)
+        x = rng.standard_normal((2, rows, cols)).astype(np.float32)
+        assert np.array_equal(median_filter(x, 7), _median_filter(torch.from_numpy(x), 7).numpy())

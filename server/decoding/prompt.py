@@ -5,7 +5,8 @@ target language, `forced_first_token`) or a decoder prompt (Whisper's `<|en|> <|
 Both are carried as forced outputs of the first steps (server/decoding/output_rules.py), so the decode
 loop, its cache and the model's graphs stay as they are: a forced step is an ordinary step whose output
 is fixed (log-probability 0), exactly as transformers' forced_bos_token_id; a prompt is fed the same way
-but, as generate's decoder_input_ids, counts in no length normalisation (`prompt_length`). A request to a
+but, as generate's decoder_input_ids, counts in no length normalisation (`prompt_length`). Speech
+translation (Whisper's task=translate) is a prompt too: the source language's, with <|translate|>. A request to a
 model with `detect_language` that names no language gets, at its first step, the language token the model
 scores highest among the languages' (WhisperForConditionalGeneration.detect_language: one step on the
 start token, argmax over the language tokens); the rest of the prompt follows as for that language.
@@ -36,13 +37,18 @@ class ForcedStart:
     begin_suppress: tuple[int, ...] = ()
 
 
-def forced_start(manifest: Manifest, language: str) -> ForcedStart | None:
-    """The request's forced start; `language` "" on a model with detect_language: detect it.
+def forced_start(manifest: Manifest, language: str, source: str = "") -> ForcedStart | None:
+    """The request's forced start; `language` "" on a model with detect_language: detect it; a `source`
+    language other than `language` on a model with speech_translation into it: translate from it.
 
     Returns:
         None when the model forces nothing.
     """
     begin = manifest.special_tokens.begin_suppress
+    translation = manifest.speech_translation
+    if translation and source and source != language and language == translation.target:
+        prompt = translation.prompt[source]
+        return ForcedStart(prompt, len(prompt), (), begin)
     if manifest.decoder_prompt:
         if not language:
             rest = next(iter(manifest.decoder_prompt.values()))[1:]

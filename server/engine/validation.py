@@ -90,7 +90,7 @@ class RequestValidator:
             source=source,
             target_language=language,
             start_id=m.decoder_start[language or m.target_languages[0]],
-            forced_start=forced_start(m, language),
+            forced_start=forced_start(m, language, request.source_language),
             max_new_tokens=max_new_tokens,
             beam_size=beam_size,
             attention_layer=layer,

@@ -76,6 +76,10 @@ class Limits:
     max_source_tokens: int | None
     # Upper bound (and default) for generated tokens, EOS not counted.
     max_new_tokens: int
+    # Most requests one encoder call reads (their rows still join one decode batch); None = the server's
+    # --max-batch-size. Whisper's encoder attends over 1,500 x 1,500 positions per head: past a few clips
+    # a batch only costs memory bandwidth (bench/import_whisper_ctranslate2.py).
+    max_encoder_batch: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +200,16 @@ class Variant:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpeechTranslationSpec:
+    """Whisper's translate task: speech in any of the source languages written in `target`."""
+
+    # The one language translations are written in ("en").
+    target: str
+    # Source language -> the decoder prompt that translates from it.
+    prompt: Mapping[str, tuple[int, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     format_version: int
     name: str
@@ -237,6 +251,10 @@ class Manifest:
     # step scores highest (Whisper's language detection); False: the first target language.
     detect_language: bool = False
     word_timestamps: WordTimestampsSpec | None = None
+    # Speech translation (Whisper's task=translate): a request whose source language differs from this
+    # target language gets the source's prompt (`<|de|> <|translate|> <|notimestamps|>`) instead of the
+    # target's; None: the output is always in the language written (transcription).
+    speech_translation: SpeechTranslationSpec | None = None
 
 
 class FieldReader:
@@ -376,6 +394,7 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         decoder_prompt=_decoder_prompt(r),
         detect_language=r.get("detect_language", bool, False),
         word_timestamps=_word_timestamps(r, attention),
+        speech_translation=_speech_translation(r),
     )
     _check_consistency(manifest, where)
     return manifest
@@ -407,11 +426,12 @@ def _decoding_defaults(r: FieldReader) -> DecodingDefaults:
 
 
 def _limits(r: FieldReader, spec: InputSpec) -> Limits:
+    encoder_batch = r.integer("max_encoder_batch", 1, default=None)
     if spec.kind == "text":
-        return Limits(r.integer("max_source_tokens", 1), r.integer("max_new_tokens", 1))
+        return Limits(r.integer("max_source_tokens", 1), r.integer("max_new_tokens", 1), encoder_batch)
     if "max_source_tokens" in r.data:
         r.fail(f"max_source_tokens applies to text input; the limits of {spec.kind} input are in 'input'")
-    return Limits(None, r.integer("max_new_tokens", 1))
+    return Limits(None, r.integer("max_new_tokens", 1), encoder_batch)
 
 
 def _tokenizer(r: FieldReader) -> TokenizerSpec:
@@ -533,10 +553,17 @@ def _optional_tokens(r: FieldReader, key: str) -> Mapping[str, int]:
     return _decoder_start(r.obj(key)) if key in r.data else types.MappingProxyType({})
 
 
-def _decoder_prompt(r: FieldReader) -> Mapping[str, tuple[int, ...]]:
-    if "decoder_prompt" not in r.data:
+def _speech_translation(r: FieldReader) -> SpeechTranslationSpec | None:
+    if "speech_translation" not in r.data:
+        return None
+    t = r.obj("speech_translation")
+    return SpeechTranslationSpec(t.string("target"), _decoder_prompt(t, "prompt"))
+
+
+def _decoder_prompt(r: FieldReader, key: str = "decoder_prompt") -> Mapping[str, tuple[int, ...]]:
+    if key not in r.data:
         return types.MappingProxyType({})
-    prompt = r.obj("decoder_prompt")
+    prompt = r.obj(key)
     table = {}
     for language, ids in prompt.data.items():
         if not (isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
@@ -585,6 +612,12 @@ def _check_consistency(m: Manifest, where: str) -> None:
         raise ValueError(f"{where}: decoder_prompt and forced_first_token do not combine; put the forced token in the prompt")
     if m.detect_language and len({p[1:] for p in m.decoder_prompt.values()}) != 1:
         raise ValueError(f"{where}: detect_language needs a decoder_prompt whose languages differ only in its first token")
+    t = m.speech_translation
+    if t is not None and (t.target not in m.target_languages or not set(t.prompt) <= set(m.source_languages)):
+        raise ValueError(f"{where}: speech_translation must name a target language and prompts of source languages")
+    prompted = {i for p in [*m.decoder_prompt.values(), *(t.prompt.values() if t else ())] for i in p}
+    if prompted & set(m.special_tokens.suppress):
+        raise ValueError(f"{where}: special_tokens.suppress holds prompt token(s) {sorted(prompted & set(m.special_tokens.suppress))}")
     if m.source_language_prefix and sorted(m.source_language_prefix) != sorted(m.source_languages):
         raise ValueError(f"{where}: source_language_prefix must name a token for every source language, and only those")
     extra = [lang for lang in m.decoder_start if lang not in m.target_languages]
