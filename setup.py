@@ -10,7 +10,7 @@ _ROOT = pathlib.Path(__file__).resolve().parent
 _GENERATE = _ROOT / "protos" / "generate.py"
 # Import name -> folder, as in pyproject.toml's [tool.setuptools.package-dir].
 _PACKAGE_ROOTS = {"attnserve.server": "server", "attnserve.clients": "clients", "attnserve.export": "export",
-                  "attnserve.v1": "protos/attnserve/v1"}
+                  "attnserve.v1": "protos/attnserve/v1", "attnserve.api": "protos/attnserve/api"}
 
 
 # Folders of data only (no __init__.py), named as packages so that setuptools ships their files as package

@@ -38,7 +38,7 @@ from attnserve.server.edge.app import BackgroundServer
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.engine import ModelEngine
 from attnserve.server.engine.registry import load_engines
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionGranularity,
     AttentionOptions,
     DecodingOptions,
@@ -193,9 +193,9 @@ def export_random_model(repository: pathlib.Path) -> None:
     import torch
     from tokenizers import AddedToken
 
-    from attnserve.export.bpe import train_tokenizer
-    from attnserve.export.model import Transformer, TransformerConfig
-    from attnserve.export.onnx_export import export_model
+    from attnserve.export.translation.bpe import train_tokenizer
+    from attnserve.export.translation.model import Transformer, TransformerConfig
+    from attnserve.export.translation.onnx_export import export_model
 
     tokenizer = train_tokenizer([text for text, _ in SENTENCES] * 3, vocab_size=RANDOM_VOCAB_SIZE, min_frequency=1)
     # A few dozen sentences give a few hundred pieces; filler tokens bring the vocabulary to the model's

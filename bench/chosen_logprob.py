@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from attnserve.server.decoding.batch import Batch
-from attnserve.server.generation import GenerationRequest
+from attnserve.api.generation import GenerationRequest
 from attnserve.server.decoding.log_softmax import log_softmax
 from attnserve.server.inputs.preprocessors import create
 from attnserve.server.model.repository import find_models, open_runtime

@@ -45,7 +45,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import sentences  # bench/, beside this script
 from attnserve.clients.client import AsyncClient
-from attnserve.server.generation import GenerationRequest, GenerationResult
+from attnserve.api.generation import GenerationRequest, GenerationResult
 from attnserve.server.engine.registry import open_model
 
 STARTUP_SECONDS = 120

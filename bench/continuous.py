@@ -16,7 +16,7 @@ import statistics
 import time
 
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import DecodingOptions, GenerationRequest
+from attnserve.api.generation import DecodingOptions, GenerationRequest
 from attnserve.server.engine.registry import load_engines
 from attnserve.server.model.runtime import RuntimeOptions
 from attnserve.server.engine.scheduler import SchedulingOptions

@@ -3,7 +3,7 @@
     .venv/bin/pip install -e '.[bench]'             # ctranslate2 (and the export extra: the weights are read with onnx)
     .venv/bin/python bench/ctranslate2_compare.py --sentences 128 --repeats 3 [--int8-models COPY]
 
-The bundled translator's weights are read back out of its ONNX graphs (export/recover_weights.py) and put
+The bundled translator's weights are read back out of its ONNX graphs (export/translation/recover_weights.py) and put
 into a `ctranslate2.specs.TransformerSpec`: pre-norm, the graphs' own sinusoid table (CTranslate2's default
 table orders sines and cosines differently), the embedding shared by encoder, decoder and the output
 projection, layer-norm epsilon 1e-5, and no fixed decoder start token (the target language token is the
@@ -17,7 +17,7 @@ hits all of them:
   `translate_batch` with max_batch_size 32, which sorts by length itself).
 The report gives the median seconds, generated tokens per second and every system's speed relative to
 CTranslate2 float32. `--int8-models` adds attnserve's int8 variant (a copy of models/ that
-`attnserve.export.quantize` was run on). PyTorch eager runs the same recovered weights too, for the record
+`attnserve.export.common.quantize` was run on). PyTorch eager runs the same recovered weights too, for the record
 (`Transformer.greedy_decode`, one thread): with its K/V cache, and without (the decoder rerun over the whole
 prefix at every step); `batch_32` pads 32 sentences of similar length together. `--no-pytorch` leaves it out.
 """
@@ -40,11 +40,11 @@ from tokenizers import Tokenizer
 
 import sentences  # bench/, beside this script
 
-from attnserve.export.model import Transformer, TransformerConfig, sinusoidal_positions
-from attnserve.export.recover_weights import recover
+from attnserve.export.translation.model import Transformer, TransformerConfig, sinusoidal_positions
+from attnserve.export.translation.recover_weights import recover
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import GenerationRequest
 from attnserve.server.engine.registry import load_engine
+from attnserve.api.generation import GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 

@@ -19,9 +19,10 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from attnserve.export.model import Transformer, TransformerConfig
-from attnserve.export.architectures import load_checkpoint
-from attnserve.export.onnx_export import export_graphs, graph_names
+from attnserve.export.common.onnx_graphs import graph_names
+from attnserve.export.translation.architectures import load_checkpoint
+from attnserve.export.translation.model import Transformer, TransformerConfig
+from attnserve.export.translation.onnx_export import export_graphs
 
 
 def median_seconds(fn, repeats: int) -> float:

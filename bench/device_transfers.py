@@ -21,7 +21,7 @@ import threading
 
 from gpu_serving import read_requests  # bench/ is the script's folder
 
-from attnserve.server.generation import GenerationRequest
+from attnserve.api.generation import GenerationRequest
 from attnserve.server.engine.registry import load_engine
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions

@@ -21,11 +21,11 @@ import pathlib
 import threading
 import time
 
-from attnserve.export.train import read_pairs
+from attnserve.export.translation.train import read_pairs
 from attnserve.server.decoding import batch, kv_cache, slots
-from attnserve.server.model import runtime
-from attnserve.server.generation import GREEDY, GenerationRequest
 from attnserve.server.engine.registry import open_model
+from attnserve.api.generation import GREEDY, GenerationRequest
+from attnserve.server.model import runtime
 
 TIMED = [(batch.Batch, "build"), (batch.Batch, "step"), (batch.Batch, "select"), (batch.Batch, "merge"),
          (runtime.Runtime, "encode"), (runtime.Runtime, "decode_step"), (kv_cache.AppendCache, "gather"),

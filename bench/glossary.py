@@ -21,7 +21,7 @@ import sacrebleu
 from attnserve.server.decoding import glossary
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engines
-from attnserve.server.generation import DecodingOptions, GenerationRequest
+from attnserve.api.generation import DecodingOptions, GenerationRequest
 from attnserve.server.model.runtime import RuntimeOptions
 
 HERE = pathlib.Path(__file__).resolve().parent

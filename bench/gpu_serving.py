@@ -24,7 +24,7 @@ import time
 import traceback
 
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import DecodingOptions, GenerationRequest
+from attnserve.api.generation import DecodingOptions, GenerationRequest
 from attnserve.server.engine.registry import load_engine
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions

@@ -28,7 +28,7 @@ pack)
     mkdir -p "$build/payload/models" "$PARTS"
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 -d "$build/payload" "$ORT_GPU"
-    ${PY:-.venv/bin/python} -m attnserve.export.gpu_upload wheel  # into .gpu/wheels
+    ${PY:-.venv/bin/python} -m attnserve.export.common.gpu_upload wheel  # into .gpu/wheels
     cp .gpu/wheels/attnserve-*.whl "$build/payload/"
     newest=$(ls -d models/translate-zh-en/*/ | sort -t/ -k3 -n | tail -1)
     mkdir -p "$build/payload/models/translate-zh-en"

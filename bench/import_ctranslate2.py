@@ -36,7 +36,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))  
 from concurrency import ServerProcess, closed_loop  # bench/, beside this script
 
 from attnserve.clients.client import AsyncClient
-from attnserve.server.generation import GREEDY, DecodingOptions, GenerationRequest
+from attnserve.api.generation import GREEDY, DecodingOptions, GenerationRequest
 
 NAME = "opus-mt-zh-en-random"
 

@@ -1,6 +1,6 @@
 """A translator's int8 variant against its float32 graphs, side by side in one run: speed and agreement.
 
-    .venv/bin/python -m attnserve.export.quantize --model-dir COPY/translate-zh-en/2   # on a copy of models/
+    .venv/bin/python -m attnserve.export.common.quantize --model-dir COPY/translate-zh-en/2   # on a copy of models/
     .venv/bin/python bench/int8.py --models COPY --sentences 200 --repeats 3
 
 On the same test sentences (both directions, greedy, one intra-op thread), each repeat runs both graphs in
@@ -8,7 +8,7 @@ turn, so that a slow spell on a shared machine hits both:
 - `batch_1`: the sentences one at a time (seconds);
 - `batch_32`: all of them submitted at once (continuous batching, up to 32 rows; seconds).
 It prints the medians, float32 / int8 (the speed-up), and how many outputs are identical. Quality on the
-whole test split: `attnserve.export.evaluate --served-variant int8`.
+whole test split: `attnserve.export.translation.evaluate --served-variant int8`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import pathlib
 import statistics
 import time
 
-from attnserve.export.train import read_pairs
+from attnserve.export.translation.train import read_pairs
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import GREEDY, GenerationRequest
 from attnserve.server.engine.registry import load_engine
+from attnserve.api.generation import GREEDY, GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 
@@ -59,7 +59,7 @@ def main() -> None:
     engines = {name: load_engine(version, RuntimeOptions(variant=variant), BatchingOptions(max_batch_size=32))
                for name, variant in (("float32", None), ("int8", "int8"))}
     if engines["int8"].info.variant != "int8":
-        raise SystemExit(f"{version.path}: no int8 variant (run attnserve.export.quantize on it first)")
+        raise SystemExit(f"{version.path}: no int8 variant (run attnserve.export.common.quantize on it first)")
     times = {(name, mode): [] for name in engines for mode in ("batch_1", "batch_32")}
     outputs = {}
     try:

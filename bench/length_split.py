@@ -5,7 +5,7 @@
 In process, one intra-op thread: the first --sentences test-split sentences (half each direction) are
 submitted at once, as a client with a burst would, to two engines of the bundled translator, one with the
 split (the default) and one without (`--no-length-split`), in turn for --repeats rounds so that a slow spell
-of the machine hits both. `--int8-models` (a copy of models/ that `attnserve.export.quantize` was run on)
+of the machine hits both. `--int8-models` (a copy of models/ that `attnserve.export.common.quantize` was run on)
 adds the same pair on the int8 variant. Reported per engine: generated tokens/s (median), decoder calls,
 rows per call, the source positions the decoder read per round and the share of them that was padding, and
 how many outputs equal the other engine's.
@@ -22,9 +22,9 @@ import time
 import sentences  # bench/, beside this script
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
+from attnserve.server.engine.scheduler import SchedulingOptions
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
-from attnserve.server.engine.scheduler import SchedulingOptions
 
 WAIT = 600
 

@@ -36,7 +36,7 @@ from attnserve.export.speech.text import select
 from attnserve.server.edge import app
 from attnserve.server.inputs.audio import resample
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import DecodingOptions, GenerationResult
+from attnserve.api.generation import DecodingOptions, GenerationResult
 from attnserve.server.engine.longform import LongFormEngine, LongFormOptions
 from attnserve.server.model.repository import find_models
 

@@ -28,8 +28,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from attnserve.export import bpe, onnx_export, train
-from attnserve.export.model import Transformer, TransformerConfig
+from attnserve.export.translation import bpe, onnx_export, train
+from attnserve.export.translation.model import Transformer, TransformerConfig
 
 SHAPES = [(256, 3, 1024), (384, 3, 1536), (512, 3, 2048), (256, 6, 1024)]
 

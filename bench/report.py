@@ -49,7 +49,7 @@ def int8_copy(models: pathlib.Path, model: str, into: pathlib.Path) -> pathlib.P
     version = find_models(models, only=[model])[model]
     target = into / model / str(version.version)
     shutil.copytree(version.path, target)
-    subprocess.run([sys.executable, "-m", "attnserve.export.quantize", "--model-dir", str(target)], check=True,
+    subprocess.run([sys.executable, "-m", "attnserve.export.common.quantize", "--model-dir", str(target)], check=True,
                    stdout=subprocess.DEVNULL)
     return into
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from attnserve.export.train import read_pairs
-from attnserve.server.generation import GREEDY, GenerationRequest
+from attnserve.export.translation.train import read_pairs
+from attnserve.api.generation import GREEDY, GenerationRequest
 
 
 def add_arguments(parser: argparse.ArgumentParser, sentences: int) -> None:

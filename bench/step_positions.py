@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from attnserve.server.decoding.batch import Batch
-from attnserve.server.generation import GenerationRequest
+from attnserve.api.generation import GenerationRequest
 from attnserve.server.engine.registry import open_model
 
 SENTENCE = "The file could not be opened because it is in use by another program."

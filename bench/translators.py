@@ -27,7 +27,7 @@ from attnserve.server.decoding.batch import Batch
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.decoding.decoding import decode
 from attnserve.server.engine.engine import ModelEngine
-from attnserve.server.generation import DecodingOptions, GenerationRequest
+from attnserve.api.generation import DecodingOptions, GenerationRequest
 from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.inputs.preprocessing import TextSource
 from attnserve.server.engine.registry import load_engine

@@ -38,7 +38,7 @@ from attnserve.clients.client import (
     translation_request,
     video_request,
 )
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionOptions,
     AttentionReduction,
     DecodingOptions,
@@ -122,7 +122,7 @@ def _add_import(commands) -> None:
     imports.set_defaults(run=import_command.run)
 
 
-# Every option the CLI leaves unset (None) takes the request contract's default (server/generation.py); the
+# Every option the CLI leaves unset (None) takes the request contract's default (protos/attnserve/api/generation.py); the
 # help texts read them from there.
 _DECODING, _ATTENTION = DecodingOptions(), AttentionOptions()
 _TO_HELP = ("target language (default: asked from the server: the model's only target language, else the one "

@@ -1,6 +1,6 @@
 """Python clients of the attnserve gRPC API: `Client` (blocking) and `AsyncClient` (asyncio).
 
-Both return the plain dataclasses of `attnserve.server.generation` (converted by `attnserve.server.convert`,
+Both return the plain dataclasses of `attnserve.api.generation` (converted by `attnserve.api.convert`,
 the same code the server uses) and raise a subclass of `AttnServeError` for each failed RPC, by status code
 (`clients/errors.py`). Each call has a deadline (`timeout`, covering its retries), is retried with backoff
 when the server is unavailable or overloaded (`clients/retry.py`), and goes to the next of the client's
@@ -29,8 +29,8 @@ from attnserve.clients import errors
 from attnserve.clients.connection import ChannelPool, TlsOptions, call_metadata, split_addresses
 from attnserve.clients.errors import AttnServeError
 from attnserve.clients.retry import RetryPolicy
-from attnserve.server import convert
-from attnserve.server.generation import (
+from attnserve.api import convert
+from attnserve.api.generation import (
     AttentionGranularity,
     AttentionOptions,
     AttentionReduction,
@@ -93,7 +93,7 @@ def translation_request(
     """Builds the request `translate` sends; pass it to `stream` to watch the tokens arrive.
 
     Every option left None takes the default of `DecodingOptions` / `AttentionOptions` (the request
-    contract, server/generation.py), so a client states only what it changes.
+    contract, protos/attnserve/api/generation.py), so a client states only what it changes.
 
     Args:
         text: source text.

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from attnserve.clients import heatmap
 from attnserve.clients.client import AttnServeError
 from attnserve.clients.heatmap import display_width
-from attnserve.server.generation import GenerationResult
+from attnserve.api.generation import GenerationResult
 
 GAP = 4  # terminal columns between blocks set side by side
 _MIN_TEXT_WIDTH = 30  # a block's translation or error wraps at no fewer terminal columns than this

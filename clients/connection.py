@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 
 import grpc
-from attnserve.server import convert
+from attnserve.api import convert
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 
 _CHANNEL_OPTIONS = [

@@ -18,7 +18,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from attnserve.clients.columns import GridCell, frame_cells
 from attnserve.clients.overlay import heat
-from attnserve.server.generation import AttentionMatrix
+from attnserve.api.generation import AttentionMatrix
 
 _BARS = " ▁▂▃▄▅▆▇█"
 

@@ -18,7 +18,7 @@ import sys
 import unicodedata
 from collections.abc import Sequence
 
-from attnserve.server.generation import AttentionMatrix
+from attnserve.api.generation import AttentionMatrix
 
 SHADES = " ░▒▓█"  # plain output: none, light, medium, dark, full
 _CELL = 2  # terminal columns per matrix cell

@@ -2,14 +2,14 @@
 
 `attnserve translate` without `--to` asks the server for the model's languages (GetModel) and sends the
 text to the other language, chosen as the server itself chooses for a request without a target language
-(server/language_detection.py, which both ends share): so the CLI can print the choice, and an older
+(protos/attnserve/api/language_detection.py, which both ends share): so the CLI can print the choice, and an older
 server that did not choose gets the same answer. "" = leave the choice to the server.
 """
 
 from __future__ import annotations
 
-from attnserve.server.generation import ModelInfo
-from attnserve.server.language_detection import language_scripts, other_language, script_of
+from attnserve.api.generation import ModelInfo
+from attnserve.api.language_detection import language_scripts, other_language, script_of
 
 __all__ = ["default_target", "language_scripts", "script_of"]
 

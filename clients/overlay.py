@@ -16,7 +16,7 @@ import re
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from attnserve.server.generation import AttentionMatrix
+from attnserve.api.generation import AttentionMatrix
 
 _CELL = re.compile(r"^r(\d+)c(\d+):(\d+),(\d+),(\d+),(\d+)$")
 # Heat colour stops (weight -> RGB): dark red, red, orange, yellow.

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import matplotlib
 from attnserve.clients import columns
-from attnserve.server.generation import AttentionMatrix, WordTiming
+from attnserve.api.generation import AttentionMatrix, WordTiming
 from matplotlib import font_manager
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from attnserve.server.generation import GenerationResult, WordTiming
+from attnserve.api.generation import GenerationResult, WordTiming
 
 _SENTENCE_ENDS = (".", "?", "!", "…")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 
-from attnserve.server.generation import AttentionMatrix, WordTiming
+from attnserve.api.generation import AttentionMatrix, WordTiming
 
 SHADES = " ░▒▓█"
 _MAX_WORD = 14  # terminal columns for the word; longer words are cut with "…"

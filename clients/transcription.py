@@ -12,7 +12,7 @@ import shutil
 from typing import TextIO
 
 from attnserve.clients import subtitles
-from attnserve.server.generation import GenerationRequest, GenerationResult, TranscriptSegment
+from attnserve.api.generation import GenerationRequest, GenerationResult, TranscriptSegment
 
 
 def transcribe(client, request: GenerationRequest, progress: TextIO | None = None) -> GenerationResult:

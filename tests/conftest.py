@@ -25,7 +25,7 @@ TINY_CORPUS = [
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from attnserve.export import bpe
+    from attnserve.export.translation import bpe
 
     return bpe.train_tokenizer(TINY_CORPUS * 3, vocab_size=160, min_frequency=1)
 
@@ -35,7 +35,7 @@ def tiny_torch_model(tiny_tokenizer):
     """A 2+2-layer, d=32 Transformer with random weights (seeded), in eval mode."""
     import torch
 
-    from attnserve.export.model import Transformer, TransformerConfig
+    from attnserve.export.translation.model import Transformer, TransformerConfig
 
     torch.manual_seed(0)
     cfg = TransformerConfig(
@@ -54,7 +54,7 @@ def tiny_torch_model(tiny_tokenizer):
 @pytest.fixture(scope="session")
 def tiny_model_repo(tmp_path_factory, tiny_torch_model, tiny_tokenizer) -> pathlib.Path:
     """A model repository holding the tiny model as `tiny-translate` version 1."""
-    from attnserve.export.onnx_export import export_model
+    from attnserve.export.translation.onnx_export import export_model
 
     repo = tmp_path_factory.mktemp("model_repo")
     export_model(
@@ -119,7 +119,7 @@ def tiny_recurrent_model(tiny_tokenizer):
     """A small BiLSTM + attentional LSTM translator with random weights (seeded), in eval mode."""
     import torch
 
-    from attnserve.export.recurrent import RecurrentConfig, RecurrentTranslator
+    from attnserve.export.translation.recurrent import RecurrentConfig, RecurrentTranslator
 
     torch.manual_seed(0)
     cfg = RecurrentConfig(
@@ -137,7 +137,7 @@ def tiny_recurrent_model(tiny_tokenizer):
 @pytest.fixture(scope="session")
 def tiny_recurrent_dir(tmp_path_factory, tiny_recurrent_model, tiny_tokenizer) -> pathlib.Path:
     """The tiny recurrent model exported as `tiny-recurrent` version 1 in a repository of its own."""
-    from attnserve.export.onnx_export import export_model
+    from attnserve.export.translation.onnx_export import export_model
 
     repo = tmp_path_factory.mktemp("recurrent_repo")
     return export_model(
@@ -171,7 +171,7 @@ def tiny_speech_repo(tmp_path_factory, tiny_speech_model, tiny_tokenizer) -> pat
     """A model repository holding the tiny speech model as `tiny-speech` version 1 (3 s, 400 kB limits)."""
     import tiny_speech
 
-    from attnserve.export import bpe
+    from attnserve.export.translation import bpe
 
     repo = tmp_path_factory.mktemp("speech_repo")
     folder = repo / TINY_SPEECH_NAME / "1"

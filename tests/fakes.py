@@ -12,9 +12,9 @@ import dataclasses
 import pathlib
 import threading
 
-from attnserve.server import generation
+from attnserve.api import generation
 from attnserve.server.edge import serve_options
-from attnserve.server.generation import GenerationResult, ModelInfo, StreamedToken, Token
+from attnserve.api.generation import GenerationResult, ModelInfo, StreamedToken, Token
 
 WAIT = 30  # seconds; only guards against hangs, never measures anything
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from conftest import TINY_MODEL_NAME, TINY_RECURRENT_NAME
 
-from attnserve.export import alignment
-from attnserve.export.alignment import GoldItem, Tally, gold_items, links, spans
-from attnserve.export.dictionary import Dictionary, gloss_words, parse_line, read_entries
+from attnserve.export.translation import alignment
+from attnserve.export.translation.alignment import GoldItem, Tally, gold_items, links, spans
+from attnserve.export.translation.dictionary import Dictionary, gloss_words, parse_line, read_entries
 
 # Real CC-CEDICT lines (2023-11-07 release), a few trimmed.
 CEDICT_LINES = """\
@@ -70,7 +70,7 @@ def test_the_indexes_hold_only_clear_one_word_translations(tiny_dictionary):
 
 
 def test_the_installed_cc_cedict_loads():
-    from attnserve.export import dictionary
+    from attnserve.export.translation import dictionary
 
     d = dictionary.load()
     assert len(d) > 50_000 and d.date.startswith("20")

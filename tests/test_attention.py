@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from attnserve.server.attention.attention import attention_matrix, combine_heads, merge_words
-from attnserve.server.generation import AttentionReduction
+from attnserve.api.generation import AttentionReduction
 from attnserve.server.model.tokenization import Words
 
 

@@ -13,7 +13,7 @@ import pytest
 from attnserve.server.inputs import audio
 from attnserve.server.inputs.audio import AudioPreprocessor, read_wav, resample
 from attnserve.server.inputs.features import log_mel
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AudioInput,
     GenerationRequest,
     InputKind,

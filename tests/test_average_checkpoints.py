@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnserve.export.average_checkpoints import average_checkpoints, average_state_dicts
+from attnserve.export.common.average_checkpoints import average_checkpoints, average_state_dicts
 
 torch.set_num_threads(1)
 

@@ -9,7 +9,7 @@ from concurrent.futures import CancelledError
 import pytest
 
 from attnserve.server.engine.batcher import Batcher, BatchingOptions
-from attnserve.server.generation import OverloadedError, UnavailableError
+from attnserve.api.generation import OverloadedError, UnavailableError
 
 WAIT = 10  # seconds; only a bound against hanging, never asserted on
 

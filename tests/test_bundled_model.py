@@ -11,7 +11,7 @@ import pytest
 
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engines
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     GREEDY,
     AttentionGranularity,
     AttentionOptions,

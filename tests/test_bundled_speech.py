@@ -14,7 +14,7 @@ import pytest
 
 from attnserve.export.speech.scoring import error_rate
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import AudioInput, DecodingOptions, GenerationRequest
+from attnserve.api.generation import AudioInput, DecodingOptions, GenerationRequest
 from attnserve.server.engine.registry import load_engine
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions

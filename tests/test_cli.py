@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.clients import cli
 from attnserve.clients.client import Client
-from attnserve.server.generation import SamplingOptions, resolved_beam_size
+from attnserve.api.generation import SamplingOptions, resolved_beam_size
 from fakes import WAIT
 
 MODEL = "fake-translate"  # the fake_server's model
@@ -207,7 +207,7 @@ def _fake(name: str, sources: list[str], targets: list[str], **info):
 def other_languages():
     """(address, engines): fakes for ja <-> en, en -> fr, de <-> en, and an audio model."""
     from attnserve.server.edge import app
-    from attnserve.server.generation import AudioInputInfo, InputKind
+    from attnserve.api.generation import AudioInputInfo, InputKind
 
     speech = AudioInputInfo(sample_rate_hz=16000, max_seconds=30.0, max_bytes=1048576, seconds_per_column=0.04)
     engines = [
@@ -275,7 +275,7 @@ def test_models_shows_each_input_kind_and_its_limits(capsys, other_languages):
 )
 def test_default_target_guesses_the_source_language_by_script(sources, targets, text, target):
     from attnserve.clients import languages
-    from attnserve.server.generation import ModelInfo
+    from attnserve.api.generation import ModelInfo
 
     info = ModelInfo("m", 1, "translation", "", sources, targets, 10, 10, 1, 1)
     assert languages.default_target(info, text) == target

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from attnserve.clients.client import AsyncClient, AttnServeError, Client, translation_request
-from attnserve.server import convert, generation
-from attnserve.server.generation import AttentionGranularity, AttentionMatrix, GenerationResult, StreamedToken
+from attnserve.api import convert, generation
+from attnserve.api.generation import AttentionGranularity, AttentionMatrix, GenerationResult, StreamedToken
 from attnserve.v1 import attnserve_pb2 as pb
 from fakes import WAIT, FakeEngine
 

@@ -47,13 +47,13 @@ def test_the_wheel_holds_the_client_and_nothing_of_the_serving_core(client_wheel
         shared = {name: archive.read(name) for name in names if name.endswith(".py") and "_pb2" not in name}
     modules = {name for name in names if not name.startswith("attnserve_client-")}
     clients = {f"attnserve/clients/{p.name}" for p in (ROOT / "clients").glob("*.py")}
-    server = {f"attnserve/server/{name}.py" for name in ("__init__", "generation", "convert", "language_detection")}
-    api = {f"attnserve/v1/{name}" for name in ("__init__.py", "attnserve.proto", "attnserve_pb2.py",
-                                               "attnserve_pb2.pyi", "attnserve_pb2_grpc.py")}
-    assert modules == clients | server | api  # no clients/web/, no attnserve/__init__.py, no serving core
+    contract = {f"attnserve/api/{p.name}" for p in (ROOT / "protos/attnserve/api").glob("*.py")}
+    stubs = {f"attnserve/v1/{name}" for name in ("__init__.py", "attnserve.proto", "attnserve_pb2.py",
+                                                 "attnserve_pb2.pyi", "attnserve_pb2_grpc.py")}
+    assert modules == clients | contract | stubs  # no clients/web/, no attnserve/__init__.py, no server at all
     # The same bytes the server's wheel installs at these paths, so both distributions can be installed.
     for name, data in shared.items():
-        folder = {"clients": "clients", "server": "server", "v1": "protos/attnserve/v1"}[name.split("/")[1]]
+        folder = {"clients": "clients", "api": "protos/attnserve/api", "v1": "protos/attnserve/v1"}[name.split("/")[1]]
         assert data == (ROOT / folder / name.split("/")[-1]).read_bytes(), name
     server_version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert f"\nVersion: {server_version}\n" in metadata
@@ -123,7 +123,7 @@ async def call_async():
     async with AsyncClient("{address}", timeout=30) as client:
         return await client.translate("Knowledge is power.", to="zh-TW", model="{model}", max_new_tokens=3)
 
-heavy = ("numpy", "onnxruntime", "torch", "tokenizers", "attnserve.server.engine.engine", "grpc_health")
+heavy = ("numpy", "onnxruntime", "torch", "tokenizers", "attnserve.server", "grpc_health")
 print(json.dumps({{
     "client": sys.modules["attnserve.clients.client"].__file__,
     "models": models,

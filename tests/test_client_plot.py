@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("matplotlib", reason="the PNG renderer needs the `plot` extra (matplotlib)")
 
 from attnserve.clients import columns, plot  # noqa: E402
-from attnserve.server.generation import AttentionMatrix, WordTiming  # noqa: E402
+from attnserve.api.generation import AttentionMatrix, WordTiming  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 TEXT = AttentionMatrix([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1]], ["儲存", "檔案"], ["Save", "file", "</s>"], 1, "layer 1")

@@ -13,7 +13,7 @@ import pytest
 from attnserve.clients import errors
 from attnserve.clients.client import AsyncClient, Client, RetryPolicy, TlsOptions, translation_request
 from attnserve.clients.retry import NO_RETRY
-from attnserve.server import generation
+from attnserve.api import generation
 from attnserve.server.edge import app, security
 from fakes import WAIT, FakeEngine
 

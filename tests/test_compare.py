@@ -15,7 +15,7 @@ import pytest
 from attnserve.clients import cli, comparison, heatmap
 from attnserve.clients.client import translation_request
 from attnserve.clients.heatmap import display_width
-from attnserve.server import generation
+from attnserve.api import generation
 from fakes import FakeCopyEngine, FakeEngine
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

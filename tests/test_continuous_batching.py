@@ -21,7 +21,7 @@ import pytest
 
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionOptions,
     AudioInput,
     DecodingOptions,

@@ -3,8 +3,8 @@ lines in CC-CEDICT's format; Tatoeba's one-translation-per-sentence rule on hand
 
 from __future__ import annotations
 
-from attnserve.export.corpus import cedict, split, tatoeba
-from attnserve.export.corpus.cedict import clean_gloss
+from attnserve.export.translation.corpus import cedict, split, tatoeba
+from attnserve.export.translation.corpus.cedict import clean_gloss
 
 # CC-CEDICT lines (2023-11-07 release), some trimmed (聯合國 to its acronym); 知識就是力量 is made up.
 CEDICT_LINES = """\

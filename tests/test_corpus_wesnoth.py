@@ -3,8 +3,8 @@ them (a domain of their own, so that adding them leaves the software scores comp
 
 import struct
 
-from attnserve.export import evaluate
-from attnserve.export.corpus import wesnoth
+from attnserve.export.translation import evaluate
+from attnserve.export.translation.corpus import wesnoth
 
 
 def mo_file(entries: dict) -> bytes:

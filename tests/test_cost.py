@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from attnserve.server.edge import app
 from attnserve.server.engine.cost import CostModel
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     DecodingOptions,
     FinishReason,
     GenerationRequest,

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from attnserve.export.model import subsequent_mask
+from attnserve.export.translation.model import subsequent_mask
 from attnserve.server.decoding.batch import Batch
 from attnserve.server.decoding.decoding import decode, make_strategy
-from attnserve.server.generation import FinishReason, GenerationRequest
-from attnserve.server.model.manifest import parse_manifest
 from attnserve.server.decoding.prepared import PreparedRequest
-from attnserve.server.inputs.preprocessing import TextPreprocessor, TextSource, pad_batch
-from attnserve.server.model.repository import find_models, open_runtime
 from attnserve.server.decoding.search import BeamSearch, GreedySearch
+from attnserve.api.generation import FinishReason, GenerationRequest
+from attnserve.server.inputs.preprocessing import TextPreprocessor, TextSource, pad_batch
+from attnserve.server.model.manifest import parse_manifest
+from attnserve.server.model.repository import find_models, open_runtime
 from attnserve.server.model.tokenization import Tokenizer
 from fakes import MIXED_MAX_NEW, MIXED_TEXTS
 

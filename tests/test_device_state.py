@@ -18,16 +18,16 @@ import grpc
 import numpy as np
 import pytest
 
-from attnserve.export import server_graphs
-from attnserve.server import convert
+from attnserve.export.common import server_graphs
+from attnserve.api import convert
 from attnserve.server.decoding import kv_cache
-from attnserve.server.edge import app
 from attnserve.server.decoding.device_state import DeviceState
+from attnserve.server.decoding.slots import Slots
+from attnserve.server.edge import app
+from attnserve.server.edge.serve_options import ServeOptions
 from attnserve.server.engine.registry import load_engine
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
-from attnserve.server.edge.serve_options import ServeOptions
-from attnserve.server.decoding.slots import Slots
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_MODEL_NAME
 from fakes import WAIT

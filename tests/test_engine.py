@@ -13,7 +13,7 @@ import pytest
 
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine, load_engines, open_model
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionGranularity,
     AttentionOptions,
     AttentionReduction,
@@ -134,7 +134,7 @@ def test_word_attention_keeps_rows_summing_to_one(engine):
 
 
 def test_defaults_other_language_no_attention(engine):
-    # No target language: English text goes into the model's other language (server/language_detection.py).
+    # No target language: English text goes into the model's other language (protos/attnserve/api/language_detection.py).
     result = engine.generate(GenerationRequest(MODEL, "Save", decoding=DecodingOptions(max_new_tokens=2)), WAIT)
     assert result.target_language == "zh-TW" and result.attention is None and len(result.tokens) <= 2
     t = result.timings
@@ -299,7 +299,7 @@ def test_closed_engine_refuses_work(tiny_model_repo):
 
 
 def test_a_tokenizer_smaller_than_the_model_is_refused(tmp_path, tiny_model_repo):
-    from attnserve.export import bpe
+    from attnserve.export.translation import bpe
 
     repo = tmp_path / "repo"
     shutil.copytree(tiny_model_repo, repo)

@@ -21,7 +21,7 @@ from attnserve.server.edge import app
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.edge.engine_process import ProcessEngine, load_process_engines
 from attnserve.server.engine.registry import load_engines
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionOptions,
     AudioInput,
     DecodingOptions,

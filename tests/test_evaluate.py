@@ -5,8 +5,8 @@ import functools
 import pytest
 import torch
 
-from attnserve.export import evaluate
-from attnserve.export.architectures import checkpoint_fields
+from attnserve.export.common.training import checkpoint_fields
+from attnserve.export.translation import evaluate
 from conftest import TINY_MODEL_NAME
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")

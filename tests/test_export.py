@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from attnserve.export import bpe
-from attnserve.export.onnx_export import graph_names
+from attnserve.export.common.onnx_graphs import graph_names
+from attnserve.export.translation import bpe
 
 ATOL = 1e-4
 
@@ -184,7 +184,7 @@ def test_manifest_names_every_graph_tensor(tiny_model_dir):
 
 def test_an_exported_default_search_reaches_the_served_model_info(tiny_torch_model, tiny_tokenizer, tmp_path):
     """`onnx_export --default-beam-size` names the search requests without one get; unset, they get greedy."""
-    from attnserve.export.onnx_export import build_manifest
+    from attnserve.export.translation.onnx_export import build_manifest
     from attnserve.server.model.manifest import load_manifest
 
     for beams, expected in ((4, 4), (None, 1)):
@@ -204,7 +204,7 @@ def test_decoder_graph_holds_one_copy_of_the_embedding(tiny_model_dir, tiny_torc
 
 
 def test_parity_report_covers_every_output_and_is_tight(tiny_torch_model, tiny_model_dir):
-    from attnserve.export.parity import max_abs_differences
+    from attnserve.export.translation.parity import max_abs_differences
 
     worst = max_abs_differences(tiny_torch_model, tiny_model_dir)
     layers = tiny_torch_model.cfg.decoder_layers
@@ -213,7 +213,7 @@ def test_parity_report_covers_every_output_and_is_tight(tiny_torch_model, tiny_m
 
 
 def test_cached_attention_equals_attention_over_the_joined_cache():
-    from attnserve.export.model import MultiHeadAttention
+    from attnserve.export.translation.model import MultiHeadAttention
 
     torch.manual_seed(0)
     attention = MultiHeadAttention(32, 4, dropout=0.0).eval()

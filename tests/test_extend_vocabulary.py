@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from attnserve.export.architectures import build_model, checkpoint_fields
-from attnserve.export.extend_vocabulary import extend_checkpoint, extended_tokenizer, unknown_characters
+from attnserve.export.common.training import checkpoint_fields
+from attnserve.export.translation.architectures import build_model
+from attnserve.export.translation.extend_vocabulary import extend_checkpoint, extended_tokenizer, unknown_characters
 
 NEW_TEXT = "他說謊了，狼來了。"
 OLD_TEXTS = ["這個按鈕會關閉視窗", "This button closes the window", "The weather is nice today"]
@@ -49,8 +50,8 @@ def test_the_extended_checkpoint_keeps_old_scores_and_starts_new_tokens_as_unk(t
 
 
 def test_training_continues_from_an_extended_checkpoint_and_stops_when_asked(tiny_torch_model, tiny_tokenizer, tmp_path):
-    from attnserve.export import train
-    from attnserve.export.architectures import load_checkpoint
+    from attnserve.export.translation import train
+    from attnserve.export.translation.architectures import load_checkpoint
 
     torch.set_num_threads(1)
     start = tmp_path / "extended.pt"

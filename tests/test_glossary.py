@@ -10,7 +10,7 @@ import pytest
 from attnserve.clients import errors
 from attnserve.clients.client import translation_request
 from attnserve.server.decoding import glossary
-from attnserve.server.generation import DecodingOptions, GenerationRequest
+from attnserve.api.generation import DecodingOptions, GenerationRequest
 from conftest import TINY_MODEL_NAME
 
 TEXT = "知識就是力量。"
@@ -145,7 +145,7 @@ def test_a_request_without_terms_beside_one_with_them_decodes_as_alone(tiny_serv
 def test_the_page_gets_the_word_rows_of_each_term():
     pytest.importorskip("aiohttp", reason="the web gateway needs the `web` extra (aiohttp)")
     from attnserve.clients.web import payload
-    from attnserve.server.generation import AttentionMatrix, FinishReason, GenerationResult, GlossaryPlacement, Timings, Token
+    from attnserve.api.generation import AttentionMatrix, FinishReason, GenerationResult, GlossaryPlacement, Timings, Token
 
     pieces = ["▁We", "▁att", "ention", "▁mechanism", "▁today", "."]
     labels = ["We", "attention", "mechanism", "today."]

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import AttentionOptions, GenerationRequest
+from attnserve.api.generation import AttentionOptions, GenerationRequest
 from attnserve.server.engine.registry import load_engines
 from attnserve.server.model.runtime import RuntimeOptions
 

@@ -6,7 +6,7 @@ import re
 
 from attnserve.clients import heatmap
 from attnserve.clients.heatmap import display_width
-from attnserve.server.generation import AttentionMatrix
+from attnserve.api.generation import AttentionMatrix
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 ROWS = ["▁I", "▁love", "▁you"]

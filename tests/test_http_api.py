@@ -18,8 +18,8 @@ jsonschema = pytest.importorskip("jsonschema", reason="validating answers needs 
 from attnserve.clients.client import audio_request, translation_request  # noqa: E402
 from attnserve.clients.web import openapi  # noqa: E402
 from attnserve.clients.web.http_options import HttpOptions  # noqa: E402
-from attnserve.server import convert  # noqa: E402
-from attnserve.server.generation import DecodingOptions  # noqa: E402
+from attnserve.api import convert  # noqa: E402
+from attnserve.api.generation import DecodingOptions  # noqa: E402
 from conftest import TINY_MODEL_NAME, TINY_SPEECH_NAME  # noqa: E402
 from fakes import WAIT  # noqa: E402
 from google.protobuf import json_format  # noqa: E402

@@ -22,7 +22,7 @@ from attnserve.clients.client import Client, image_request
 from attnserve.export.image.model import normalize
 from attnserve.server.edge import app, readiness
 from attnserve.server.inputs import preprocessors
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionGranularity,
     AttentionMatrix,
     AttentionOptions,

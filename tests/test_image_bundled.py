@@ -15,7 +15,7 @@ import pytest
 from attnserve.export.image import objects, scenes, scoring
 from attnserve.export.image.evaluate import png
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import AttentionGranularity, AttentionOptions, GenerationRequest, ImageInput
+from attnserve.api.generation import AttentionGranularity, AttentionOptions, GenerationRequest, ImageInput
 from attnserve.server.engine.registry import load_engines
 from attnserve.server.model.runtime import RuntimeOptions
 

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from attnserve.export.architectures import load_checkpoint
+from attnserve.export.common.training import load_checkpoint
 from attnserve.export.image import build, export, scenes, scoring, train, vocabulary
+from attnserve.export.image.model import ShowAttendTell, ShowAttendTellConfig
 from attnserve.export.image.objects import OBJECTS
 from attnserve.export.image.scenes import Placed, Scene
 from tiny_image import captioner, export_repo
@@ -175,7 +176,8 @@ def test_training_lowers_the_loss_and_checkpoints_round_trip(corpus, tmp_path):
     assert last.item() < 0.6 * first.item() and parts["attention"] > 0
     train.save_checkpoint(tmp_path / "last.pt", model, optimizer, {"step": 20}, tokenizer)
     loaded, loaded_tokenizer, state = train.load_model(tmp_path / "last.pt")
-    generic, _ = load_checkpoint(tmp_path / "last.pt")  # the registered architecture rebuilds it too
+    # The shared checkpoint reader rebuilds it too, from the family name it recorded.
+    generic, _ = load_checkpoint(tmp_path / "last.pt", {"show-attend-tell": (ShowAttendTell, ShowAttendTellConfig)})
     assert state == {"step": 20} and loaded_tokenizer.get_vocab() == tokenizer.get_vocab()
     assert dataclasses.asdict(loaded.cfg) == dataclasses.asdict(model.cfg)
     pixels = batch[0][:4]

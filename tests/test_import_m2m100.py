@@ -24,9 +24,9 @@ import tiny_marian
 import tiny_nllb
 from import_parity import graph_differences
 from attnserve.clients import cli
-from attnserve.server import convert
+from attnserve.api import convert
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
+from attnserve.api.generation import AttentionOptions, DecodingOptions, GenerationRequest
 from attnserve.server.engine.registry import load_engine
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions

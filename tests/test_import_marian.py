@@ -22,7 +22,7 @@ from import_parity import graph_differences
 from attnserve.clients import cli
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
+from attnserve.api.generation import AttentionOptions, DecodingOptions, GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 
@@ -187,7 +187,7 @@ def test_tokenizer_json_equals_marian_tokenizer_on_1200_lines_each_way(engine, h
 @pytest.mark.parametrize("variant", ["int8", "fp16"])
 def test_lower_precision_variants_serve_and_their_agreement_with_float32_is_reported(repo, engine, variant, tmp_path):
     if variant == "fp16":  # written by the same quantizer the --variant flag runs (the fixture made int8)
-        from attnserve.export.quantize import quantize_folder
+        from attnserve.export.common.quantize import quantize_folder
 
         shutil.copytree(repo / NAME, tmp_path / NAME)
         quantize_folder(tmp_path / NAME / "1", "fp16")
@@ -317,8 +317,8 @@ for name in ("torch", "transformers", "sentencepiece", "onnx"):
 from attnserve.clients import cli
 cli._parser()  # `attnserve import` is listed; its importer is not loaded
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import DecodingOptions, GenerationRequest
 from attnserve.server.engine.registry import load_engine
+from attnserve.api.generation import DecodingOptions, GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 engine = load_engine(find_models({str(repo)!r})[{NAME!r}], RuntimeOptions(), BatchingOptions())

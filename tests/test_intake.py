@@ -16,10 +16,10 @@ import pytest
 from PIL import Image
 from prometheus_client import REGISTRY
 
-from attnserve.server import generation
+from attnserve.api import generation
 from attnserve.server.edge import app
 from attnserve.server.engine import decoded_size
-from attnserve.server.generation import AudioInput, GenerationRequest, ImageInput, OverloadedError
+from attnserve.api.generation import AudioInput, GenerationRequest, ImageInput, OverloadedError, VideoInput
 from attnserve.server.edge.intake import Intake, IntakeOptions
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
@@ -55,6 +55,25 @@ def test_decoded_size_is_read_from_headers():
     raw = GenerationRequest("m", audio=AudioInput(samples=np.zeros(1000, np.float32), sample_rate_hz=8000))
     assert decoded_size.decoded_bytes(raw) == 4000
     assert decoded_size.decoded_bytes(_image(b"\x89PNG garbage")) == len(b"\x89PNG garbage")  # the wire size
+    import soundfile
+
+    flac = io.BytesIO()
+    soundfile.write(flac, np.zeros((44100 * 3, 2), np.float32), 44100, format="FLAC")  # silence: tiny on the wire
+    assert len(flac.getvalue()) < 20_000
+    assert decoded_size.decoded_bytes(GenerationRequest("m", audio=AudioInput(wav=flac.getvalue()))) == 44100 * 3 * 4
+
+
+def test_a_clips_decoded_size_counts_every_frame_from_headers():
+    stills = VideoInput(frames=(_png(640, 480), _png(320, 240, "L")), frames_per_second=2)
+    assert decoded_size.decoded_bytes(GenerationRequest("m", video=stills)) == 640 * 480 * 3 + 320 * 240
+    pytest.importorskip("av")
+    from attnserve.export.video.render import encode_video
+
+    clip = encode_video(np.full((12, 64, 96, 3), 90, np.uint8), 10, "mp4")
+    assert len(clip) < 12 * 64 * 96 * 3 / 4  # far smaller on the wire
+    assert decoded_size.decoded_bytes(GenerationRequest("m", video=VideoInput(data=clip))) == 12 * 64 * 96 * 3
+    garbage = VideoInput(data=b"\x1a\x45\xdf\xa3 not a webm")
+    assert decoded_size.decoded_bytes(GenerationRequest("m", video=garbage)) == len(garbage.data)
 
 
 def _blocked(intake: Intake) -> threading.Event:

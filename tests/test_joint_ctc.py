@@ -13,11 +13,11 @@ import torch
 
 from attnserve.clients.client import Client, audio_request
 from attnserve.server.edge import app
+from attnserve.server.engine.registry import load_engine
+from attnserve.api.generation import AudioInput, GenerationRequest
 from attnserve.server.inputs.audio import read_wav, resample
 from attnserve.server.inputs.features import log_mel
-from attnserve.server.generation import AudioInput, GenerationRequest
 from attnserve.server.model.manifest import load_manifest
-from attnserve.server.engine.registry import load_engine
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 from conftest import TINY_SPEECH_NAME as NAME
@@ -38,7 +38,7 @@ def write_repo(root, model, tokenizer, weight: float | None, lm=None, lm_weight:
     n-gram `lm` is shipped as lm.npz with `lm_weight` (manifest language_model)."""
     import tiny_speech
 
-    from attnserve.export import bpe
+    from attnserve.export.translation import bpe
 
     folder = root / NAME / "1"
     tiny_speech.export(model, folder, ctc=True)

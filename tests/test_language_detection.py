@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from attnserve.server.language_detection import other_language, script_of, target_for
+from attnserve.api.language_detection import other_language, script_of, target_for
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_MODEL_NAME

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from attnserve.clients.client import audio_request
-from attnserve.export.ngram_build import build
+from attnserve.export.common.ngram_build import build
 from attnserve.server.edge import app
+from attnserve.server.engine.registry import load_engine
+from attnserve.api.generation import AudioInput, GenerationRequest
 from attnserve.server.inputs.audio import read_wav, resample
 from attnserve.server.inputs.features import log_mel
-from attnserve.server.generation import AudioInput, GenerationRequest
 from attnserve.server.model.manifest import load_manifest
-from attnserve.server.engine.registry import load_engine
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 from conftest import TINY_SPEECH_NAME as NAME
@@ -40,7 +40,7 @@ def tiny_lm(vocab: int, start: int):
 
 def write_repo(root, model, tokenizer, lm_weight: float | None, ctc_weight: float | None = CTC_WEIGHT, lm=None):
     """The tiny speech model with `tiny_lm` (or `lm`) fused at `lm_weight`; None ships no LM."""
-    from attnserve.export import bpe
+    from attnserve.export.translation import bpe
 
     if lm_weight is not None and lm is None:
         lm = tiny_lm(tokenizer.get_vocab_size(), bpe.language_token_ids(tokenizer)["en"])

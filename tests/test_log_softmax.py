@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnserve.export import server_graphs
+from attnserve.export.common import server_graphs
 from attnserve.server.decoding.log_softmax import GRAPH, log_softmax
 
 

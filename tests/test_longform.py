@@ -19,7 +19,7 @@ from attnserve.server.inputs import audio_files
 from attnserve.server.inputs.audio import read_wav
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AudioInput,
     DecodingOptions,
     GenerationRequest,
@@ -354,3 +354,21 @@ def test_engines_in_child_processes_cut_long_recordings_as_in_process(tiny_speec
             for engine in engines.values():
                 engine.close()
     assert len(answers[0].segments) == 3 and answers[0].segments == answers[1].segments
+
+
+def test_long_recordings_past_max_recordings_are_refused_until_one_ends(engine, spoken):
+    from attnserve.api.generation import OverloadedError
+
+    bounded = LongFormEngine(engine._engine, dataclasses.replace(engine.options, max_recordings=1))
+    try:
+        first = bounded.submit(request(spoken[0]))
+        busy = r"transcribing 1 long recordings.*--max-long-form-recordings"
+        with pytest.raises(OverloadedError, match=busy) as refused:
+            bounded.submit(request(spoken[0]))
+        assert refused.value.reason == "long_form_recordings"
+        short = bounded.submit(request(wav_bytes(read_wav(spoken[0]).samples()[: 3 * RATE], RATE)))
+        assert short.result(WAIT).text is not None  # within the window: not a long recording
+        first.result(WAIT)
+        assert bounded.submit(request(spoken[0])).result(WAIT).text == first.result().text
+    finally:
+        bounded._pool.shutdown(wait=True)  # the engine inside is the module's, closed by its fixture

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from attnserve.server import generation
+from attnserve.api import generation
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from conftest import TINY_MODEL_NAME

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from attnserve.export.model_card import ALIGNMENT_TITLE, VERSIONS_TITLE, alignment_lines, with_section, write_card
+from attnserve.export.common.model_card import VERSIONS_TITLE, with_section, write_card
+from attnserve.export.translation.model_card import ALIGNMENT_TITLE, alignment_lines
 
 REPORT = {
     "pairs": 12,
@@ -41,7 +42,7 @@ def test_section_goes_before_files_and_a_rerun_replaces_it():
 
 
 def test_beam_search_is_shown_by_domain_beside_greedy_and_the_default_search_is_named():
-    from attnserve.export.model_card import beam_domain_section, default_search_lines
+    from attnserve.export.translation.model_card import beam_domain_section, default_search_lines
 
     row = lambda bleu, chrf, pairs=5: {"pairs": pairs, "bleu": bleu, "chrf": chrf}  # noqa: E731
     direction = {"by_domain": {"everyday": row(10.0, 30.0), "software": row(20.0, 40.0)},
@@ -58,7 +59,7 @@ def test_beam_search_is_shown_by_domain_beside_greedy_and_the_default_search_is_
 
 
 def test_the_lecture_section_names_the_search_that_answered():
-    from attnserve.export.model_card import lecture_section
+    from attnserve.export.translation.model_card import lecture_section
 
     result = {"source": "深度學習", "target": "en", "output": "deep learning", "right": True,
               "accepted": ["deep learning"]}

@@ -10,7 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from attnserve.export.ngram_build import bits_per_token, build
+from attnserve.export.common.ngram_build import bits_per_token, build
 from attnserve.server.decoding.ngram_lm import LanguageModelState, NgramLanguageModel
 
 V, START, EOS = 7, 3, 2

@@ -39,8 +39,8 @@ sys.modules["torch"] = None  # any `import torch` now raises ImportError
 sys.modules["onnx"] = None
 import attnserve.server.edge.app, attnserve.clients.cli, attnserve.clients.client
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import GenerationRequest, AttentionOptions
 from attnserve.server.engine.registry import load_engines
+from attnserve.api.generation import GenerationRequest, AttentionOptions
 from attnserve.server.model.runtime import RuntimeOptions
 engines = load_engines({str(tiny_model_repo)!r}, RuntimeOptions(), BatchingOptions())
 result = engines.get("tiny-translate").generate(GenerationRequest("tiny-translate", "知識就是力量。", "en",
@@ -83,7 +83,8 @@ def test_the_wheel_holds_every_package_and_the_stubs(wheel):
     for module in ("attnserve/v1/attnserve_pb2.py", "attnserve/v1/attnserve_pb2_grpc.py", "attnserve/v1/attnserve.proto"):
         assert module in names
     # Every package folder of the checkout is in the wheel (a missing one imports in an editable install only).
-    folders = {"server": "attnserve/server", "clients": "attnserve/clients", "export": "attnserve/export"}
+    folders = {"server": "attnserve/server", "clients": "attnserve/clients", "export": "attnserve/export",
+               "protos/attnserve/api": "attnserve/api"}
     for folder, package in folders.items():
         for init in (ROOT / folder).rglob("__init__.py"):
             relative = init.relative_to(ROOT / folder).as_posix()
@@ -112,8 +113,8 @@ def test_the_installed_wheel_serves_from_outside_the_checkout(wheel, tmp_path, t
 
 
 _WHERE = """
-import attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.corpus
-for module in (attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.corpus):
+import attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.translation.corpus
+for module in (attnserve.server.edge.app, attnserve.v1.attnserve_pb2, attnserve.export.translation.corpus):
     print(module.__file__)
 """
 

@@ -8,7 +8,7 @@ import pytest
 
 from attnserve.server.inputs import preprocessors
 from attnserve.server.inputs.audio import AudioPreprocessor
-from attnserve.server.generation import GenerationRequest, ImageInput, InputKind, InputTooLargeError, ModelInfo
+from attnserve.api.generation import GenerationRequest, ImageInput, InputKind, InputTooLargeError, ModelInfo
 from attnserve.server.inputs.image import ImagePreprocessor
 from attnserve.server.model.manifest import load_manifest, parse_manifest
 from attnserve.server.inputs.preprocessing import TextPreprocessor, TextSource

@@ -4,8 +4,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from attnserve.export import recover_weights, train
-from attnserve.export.architectures import load_checkpoint
+from attnserve.export.translation import recover_weights, train
+from attnserve.export.translation.architectures import load_checkpoint
 
 
 def test_recovered_weights_equal_the_exported_model(tiny_torch_model, tiny_model_dir):

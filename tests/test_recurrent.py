@@ -12,11 +12,12 @@ import onnx
 import pytest
 import torch
 
-from attnserve.export import bpe, recurrent_export
-from attnserve.export.recurrent import RecurrentConfig, RecurrentTranslator, reverse_within_length
+from attnserve.export.common.recurrent_layers import reverse_within_length
+from attnserve.export.translation import bpe, recurrent_export
+from attnserve.export.translation.recurrent import RecurrentConfig, RecurrentTranslator
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
 from attnserve.server.engine.registry import load_engine, load_engines
+from attnserve.api.generation import AttentionOptions, DecodingOptions, GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 from conftest import TINY_RECURRENT_NAME
@@ -92,7 +93,7 @@ def test_an_unknown_attention_score_is_refused():
 
 
 def test_parity_report_is_tight_for_batch_one_and_more_and_several_lengths(tiny_recurrent_model, tiny_recurrent_dir):
-    from attnserve.export.parity import CASES, max_abs_differences
+    from attnserve.export.translation.parity import CASES, max_abs_differences
 
     assert {b for b, _, _ in CASES} > {1} and len({s for _, s, _ in CASES}) >= 3
     worst = max_abs_differences(tiny_recurrent_model, tiny_recurrent_dir)
@@ -101,8 +102,8 @@ def test_parity_report_is_tight_for_batch_one_and_more_and_several_lengths(tiny_
 
 
 def test_multiplicative_attention_exports_with_parity(tiny_tokenizer, tmp_path):
-    from attnserve.export.onnx_export import export_model
-    from attnserve.export.parity import max_abs_differences
+    from attnserve.export.translation.onnx_export import export_model
+    from attnserve.export.translation.parity import max_abs_differences
 
     torch.manual_seed(5)
     cfg = RecurrentConfig(vocab_size=tiny_tokenizer.get_vocab_size(), embed_dim=16, encoder_hidden=8,

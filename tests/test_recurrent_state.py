@@ -21,15 +21,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from attnserve.server.decoding.batch import Batch
-from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.decoding.decoding import decode
-from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
 from attnserve.server.decoding.log_softmax import log_softmax
 from attnserve.server.decoding.prepared import PreparedRequest
+from attnserve.server.decoding.search import GreedySearch
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
+from attnserve.api.generation import AttentionOptions, DecodingOptions, GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
-from attnserve.server.decoding.search import GreedySearch
 from fakes import BATCHING_MODES, MIXED_MAX_NEW, MIXED_TEXTS, batching, submit_together
 
 NAME = "tiny-lstm-state"
@@ -231,7 +231,7 @@ def decoder_graph(w: Weights) -> onnx.ModelProto:
 
 
 def manifest(tokenizer, init_hidden="initial_state.hidden") -> dict:
-    from attnserve.export import bpe
+    from attnserve.export.translation import bpe
 
     tags = bpe.language_token_ids(tokenizer)
     inits = {"past_state.hidden": {"from": init_hidden} if init_hidden else "zeros",

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import tiny_speech
-from attnserve.export import bpe
+from attnserve.export.translation import bpe
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from served_process import WAIT, rss_mib, served

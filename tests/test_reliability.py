@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
-from attnserve.server import generation
+from attnserve.api import generation
 from attnserve.server.edge import app
 from attnserve.server.engine import limits
 from attnserve.v1 import attnserve_pb2 as pb

@@ -10,7 +10,7 @@ from attnserve.clients.client import Client
 from attnserve.clients.errors import InvalidArgument
 from attnserve.server.edge import app
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest
+from attnserve.api.generation import AttentionOptions, DecodingOptions, GenerationRequest
 from attnserve.server.engine.registry import load_engine
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions

@@ -14,14 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnserve.export import bpe
-from attnserve.server import convert
+from attnserve.export.translation import bpe
+from attnserve.api import convert
 from attnserve.server.edge import app
-from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.edge.engine_process import load_process_engines
-from attnserve.server.generation import AttentionOptions, DecodingOptions, GenerationRequest, GenerationResult
-from attnserve.server.inputs.preprocessing import TextSource
+from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
+from attnserve.api.generation import AttentionOptions, DecodingOptions, GenerationRequest, GenerationResult
+from attnserve.server.inputs.preprocessing import TextSource
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 from attnserve.v1 import attnserve_pb2 as pb

@@ -15,7 +15,7 @@ import pytest
 
 from attnserve.server.decoding.batch import Batch
 from attnserve.server.decoding.decoding import decode, make_strategy
-from attnserve.server.generation import DecodingOptions, FinishReason, GenerationRequest, SamplingOptions
+from attnserve.api.generation import DecodingOptions, FinishReason, GenerationRequest, SamplingOptions
 from attnserve.server.decoding.log_softmax import log_softmax
 from attnserve.server.decoding.output_rules import OutputRules, repeated_ngram_completions
 from attnserve.server.engine.registry import load_engine

@@ -21,7 +21,7 @@ from attnserve.server.inputs.audio import read_wav, resample
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.inputs.features import log_mel
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionGranularity,
     AudioInput,
     GenerationRequest,
@@ -174,7 +174,7 @@ def test_a_streamed_clip_ends_with_the_unary_response(served, beam_size):
 
 
 def _pieces():
-    from attnserve.server.generation import AttentionOptions
+    from attnserve.api.generation import AttentionOptions
 
     return AttentionOptions(enabled=True, granularity=AttentionGranularity.PIECES)
 

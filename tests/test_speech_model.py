@@ -14,17 +14,17 @@ import onnx
 import pytest
 import torch
 
-from attnserve.export.cpu_bf16 import has_native_bf16
+from attnserve.export.common.cpu_bf16 import has_native_bf16
 from attnserve.export.speech import vocabulary
 from attnserve.export.speech.export import CTC_WEIGHT, PARITY_CASES, export_model, parity, served_length_limit
 from attnserve.export.speech.feature_cache import FEATURES, load_split, wav_features
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig, pad_features
 from attnserve.export.speech.specaugment import AugmentOptions, SpecAugment, warp_mel
 from attnserve.export.speech.train import Batch, TrainOptions, collate, joint_loss, make_batches
-from attnserve.server.inputs.audio import AudioPreprocessor
-from attnserve.server.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
-from attnserve.server.model.manifest import load_manifest
 from attnserve.server.engine.registry import load_engine
+from attnserve.api.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
+from attnserve.server.inputs.audio import AudioPreprocessor
+from attnserve.server.model.manifest import load_manifest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 from attnserve.server.model.tokenization import Tokenizer as ServedTokenizer
@@ -353,7 +353,7 @@ def test_served_word_times_are_compared_with_the_matching_reference_words():
     from types import SimpleNamespace
 
     from attnserve.export.speech.evaluate import timing_summary, voice_group, word_time_errors
-    from attnserve.server.generation import WordTiming
+    from attnserve.api.generation import WordTiming
 
     row = {"text": "go on now", "inexact_words": 0, "words": [["go", 0.0, 0.16], ["on", 0.16, 0.40], ["now", 0.5, 0.9]]}
     # "go an now": "an" matches nothing; "go" and "now" are compared with their reference times.
@@ -388,7 +388,7 @@ def test_evaluation_decoding_variants_change_only_the_manifests_decoding_fields(
 
 
 def test_evaluation_can_fuse_an_lm_the_model_does_not_ship(repo, tmp_path):
-    from attnserve.export.ngram_build import build
+    from attnserve.export.common.ngram_build import build
     from attnserve.export.speech.evaluate import decoding_variant
 
     folder = repo / NAME / "1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from attnserve.clients import subtitles
 from attnserve.clients.subtitles import Cue, CueOptions
-from attnserve.server.generation import FinishReason, GenerationResult, Timings, TranscriptSegment, WordTiming
+from attnserve.api.generation import FinishReason, GenerationResult, Timings, TranscriptSegment, WordTiming
 
 
 def timed(text: str, start: float = 0.0, step: float = 0.3, gaps: dict[int, float] | None = None) -> list[WordTiming]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from attnserve.export import bpe
-from attnserve.export.onnx_export import export_model
+from attnserve.export.translation import bpe
+from attnserve.export.translation.onnx_export import export_model
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import GenerationRequest
 from attnserve.server.engine.registry import load_engines
+from attnserve.api.generation import GenerationRequest
 from attnserve.server.model.runtime import RuntimeOptions
 
 TEXTS = ["知識就是力量。", "Open the File menu, then choose Save.", "這個按鈕會關閉視窗", "Knowledge is power."]

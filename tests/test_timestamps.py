@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from attnserve.server.generation import WordTiming
+from attnserve.api.generation import WordTiming
 from attnserve.server.attention.timestamps import monotonic_path, word_timings
 from attnserve.server.model.tokenization import Words
 

@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
-from attnserve.export import cpu_bf16, train
+from attnserve.export.common import cpu_bf16
 from attnserve.export.speech import train as speech_train
+from attnserve.export.translation import train
 from tests.conftest import TINY_CORPUS
 
 

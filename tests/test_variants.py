@@ -1,4 +1,4 @@
-"""Manifest variants: an int8 copy of a model's graphs (export/quantize.py), served with --variant."""
+"""Manifest variants: an int8 copy of a model's graphs (export/common/quantize.py), served with --variant."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import shutil
 import pytest
 
 from attnserve.clients.client import Client
-from attnserve.export.quantize import quantize_folder
+from attnserve.export.common.quantize import quantize_folder
 from attnserve.server.edge import app
-from attnserve.server.generation import GenerationRequest
 from attnserve.server.engine.registry import load_engine
+from attnserve.api.generation import GenerationRequest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 

@@ -19,7 +19,7 @@ from attnserve.export.video.model import normalize
 from attnserve.export.video.render import encode_video
 from attnserve.server.edge import app, readiness
 from attnserve.server.inputs import preprocessors
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionGranularity,
     AttentionOptions,
     GenerationRequest,

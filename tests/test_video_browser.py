@@ -16,7 +16,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests 
 
 from attnserve.export.video.render import encode_video  # noqa: E402
 from attnserve.server.edge import app  # noqa: E402
-from attnserve.server.generation import (  # noqa: E402
+from attnserve.api.generation import (  # noqa: E402
     AttentionGranularity,
     AttentionOptions,
     GenerationRequest,

@@ -18,7 +18,7 @@ from attnserve.export.video.evaluate import attention_of
 from attnserve.export.video.render import FrameRenderer, clip_file
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engines
-from attnserve.server.generation import AttentionGranularity, AttentionOptions, GenerationRequest, VideoInput
+from attnserve.api.generation import AttentionGranularity, AttentionOptions, GenerationRequest, VideoInput
 from attnserve.server.model.runtime import RuntimeOptions
 
 pytest.importorskip("av")

@@ -2,7 +2,7 @@
 
 The wheel holds what `attnserve.clients` imports and nothing of the serving core: every module of clients/
 (not clients/web/, the browser demo's gateway, which needs aiohttp and stays with the server), the
-modules of server/ that both ends share (the request/result dataclasses, their protobuf conversion, the
+contract both ends share (`attnserve.api`: the request/result dataclasses, their protobuf conversion, the
 choice of a target language), and the `attnserve.v1` stubs, generated here from the .proto as the
 server's build does.
 
@@ -26,16 +26,15 @@ _HERE = pathlib.Path(__file__).resolve().parent
 _SOURCES = _HERE / "sources" if (_HERE / "sources").is_dir() else _HERE.parents[1]
 
 
-# The modules of server/ both ends share: the dataclasses, their protobuf conversion, the language choice.
-_SHARED = ("__init__.py", "generation.py", "convert.py", "language_detection.py")
 
 
 def _modules() -> dict[str, str]:
     """Path in the wheel -> path in the checkout, for every file the wheel holds but the generated stubs."""
     clients = {f"attnserve/clients/{p.name}": f"clients/{p.name}" for p in sorted((_SOURCES / "clients").glob("*.py"))}
-    shared = {f"attnserve/server/{name}": f"server/{name}" for name in _SHARED}
-    api = {f"attnserve/v1/{name}": f"protos/attnserve/v1/{name}" for name in ("__init__.py", "attnserve.proto")}
-    return clients | shared | api
+    shared = {f"attnserve/api/{p.name}": f"protos/attnserve/api/{p.name}"
+              for p in sorted((_SOURCES / "protos/attnserve/api").glob("*.py"))}
+    stubs = {f"attnserve/v1/{name}": f"protos/attnserve/v1/{name}" for name in ("__init__.py", "attnserve.proto")}
+    return clients | shared | stubs
 
 
 # What the build reads beyond the wheel's files: the stub generator.
@@ -72,6 +71,6 @@ class SdistWithSources(sdist):
 
 setup(
     # Declared so that setuptools runs build_py; BuildClient decides what goes in.
-    packages=["attnserve.clients", "attnserve.server", "attnserve.v1"],
+    packages=["attnserve.clients", "attnserve.api", "attnserve.v1"],
     cmdclass={"build_py": BuildClient, "sdist": SdistWithSources},
 )

@@ -21,7 +21,7 @@ from aiohttp import web
 from attnserve.clients import subtitles
 from attnserve.clients.client import AttnServeError, audio_request
 from attnserve.clients.web import payload
-from attnserve.server.generation import GenerationResult, TranscriptSegment
+from attnserve.api.generation import GenerationResult, TranscriptSegment
 
 
 async def transcribe(client_key: web.AppKey, request: web.Request) -> web.StreamResponse:

@@ -40,7 +40,7 @@ from attnserve.clients.web.errors import error_response as _error
 from attnserve.clients.web.errors import errors_middleware
 from attnserve.clients.web.http_api import HttpApi
 from attnserve.clients.web.http_options import HttpOptions
-from attnserve.server import convert
+from attnserve.api import convert
 
 STATIC = pathlib.Path(__file__).parent / "static"
 DEFAULT_PORT = 8080

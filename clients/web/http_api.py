@@ -29,8 +29,8 @@ from google.protobuf import json_format
 from attnserve.clients.client import AsyncClient, AttnServeError
 from attnserve.clients.web import payload
 from attnserve.clients.web.errors import error_response
-from attnserve.server import convert
-from attnserve.server.generation import GenerationRequest, GenerationResult, StreamedToken
+from attnserve.api import convert
+from attnserve.api.generation import GenerationRequest, GenerationResult, StreamedToken
 from attnserve.v1 import attnserve_pb2 as pb
 
 OPENAPI = pathlib.Path(__file__).parent / "openapi.json"

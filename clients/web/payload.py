@@ -11,7 +11,7 @@ import dataclasses
 import enum
 
 from attnserve.clients import columns
-from attnserve.server.generation import GenerationResult, ModelInfo
+from attnserve.api.generation import GenerationResult, ModelInfo
 
 
 def result_json(result: GenerationResult) -> dict:

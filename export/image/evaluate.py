@@ -35,7 +35,7 @@ def png(pixels: np.ndarray) -> bytes:
 
 def caption_all(engine, images: np.ndarray, chunk: int = 128) -> list:
     """Served results (attention at word granularity) in image order."""
-    from attnserve.server.generation import AttentionGranularity, AttentionOptions, GenerationRequest, ImageInput
+    from attnserve.api.generation import AttentionGranularity, AttentionOptions, GenerationRequest, ImageInput
 
     options = AttentionOptions(enabled=True, granularity=AttentionGranularity.WORDS)
     results = []
@@ -88,7 +88,7 @@ def evaluate(engine, corpus: pathlib.Path, split: str, limit: int | None = None)
 
 
 def main() -> None:
-    from attnserve.export.speech.evaluate import open_engine
+    from attnserve.export.common.serving import open_engine
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=pathlib.Path, required=True)

@@ -23,11 +23,10 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from attnserve.export.common.onnx_graphs import trace, write_tokenizer_and_manifest
 from attnserve.export.image import vocabulary
 from attnserve.export.image.model import ShowAttendTell
-from attnserve.export.onnx_export import write_tokenizer_and_manifest
 
-OPSET = 17
 # Decoder state: (past input, present output, the encoder output it starts from).
 STATE = [("past_state.hidden", "present_state.hidden", "initial_state.hidden"),
          ("past_state.cell", "present_state.cell", "initial_state.cell")]
@@ -73,20 +72,18 @@ def export_graphs(model: ShowAttendTell, out_dir: pathlib.Path) -> None:
     with torch.no_grad():
         memory, keys, h, c = model.encode(pixels)
     batch, batch_source = {0: "batch"}, {0: "batch", 1: "source"}
-    torch.onnx.export(
+    trace(
         EncoderGraph(model).eval(), (pixels,), str(out_dir / "encoder.onnx"),
         input_names=["pixel_values"], output_names=ENCODER_OUTPUTS,
         dynamic_axes={"pixel_values": batch, **{n: batch for n in ENCODER_OUTPUTS}},
-        opset_version=OPSET, dynamo=False, external_data=False,
     )
     ids = torch.tensor([[vocabulary.START_ID], [vocabulary.START_ID + 5]])
-    torch.onnx.export(
+    trace(
         DecoderStepGraph(model).eval(), (ids, memory, keys, h, c), str(out_dir / "decoder.onnx"),
         input_names=DECODER_INPUTS, output_names=DECODER_OUTPUTS,
         dynamic_axes={**{n: batch_source for n in STATIC},
                       **{n: batch for n in ["input_ids", "logits", *(n for s in STATE for n in s[:2])]},
                       "cross_attentions": {0: "batch", 3: "source"}},
-        opset_version=OPSET, dynamo=False, external_data=False,
     )
 
 

@@ -10,8 +10,8 @@ kind. A learned embedding of each cell's position is added to its features, so t
 through attention says *where* as well as *what* ("to the left of" needs both).
 
 The Speller follows the paper's soft attention: at each step the previous hidden state queries the grid with
-an additive score (export/recurrent.py's `AdditiveAttention`, the keys W_k a_i projected once per image), a
-gate beta = sigmoid(f(h)) scales the context, the LSTM reads the previous word and the gated context, and
+an additive score (export/common/recurrent_layers.py's `AdditiveAttention`, the keys W_k a_i projected once
+per image), a gate beta = sigmoid(f(h)) scales the context, the LSTM reads the previous word and the gated context, and
 the word comes from the deep output layer L_o(E y + L_h h + L_z z). Its initial h and c come from the mean of
 the grid features *without* their position embeddings: the Speller starts knowing which objects are there,
 but must look to learn where, and in which order to name them. Its state (h, c) is replaced every step, the
@@ -35,9 +35,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from attnserve.export.common.recurrent_layers import AdditiveAttention, greedy_search
 from attnserve.export.image import vocabulary
 from attnserve.export.image.objects import OBJECTS
-from attnserve.export.recurrent import AdditiveAttention, greedy_search
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,8 +178,33 @@ class Speller(nn.Module):
         deep = torch.tanh(embedded + self.out_h(self.dropout(h)) + self.out_z(context))
         return self.out(self.dropout(deep)), h, c, weights
 
+    def teacher_forced(self, tgt_in, h, c, memory, keys) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, U) start token + words -> logits (B, U, V) and the attention (B, U, S) of each word."""
+        logits, weights = [], []
+        for u in range(tgt_in.shape[1]):
+            step_logits, h, c, step_weights = self.step(tgt_in[:, u], h, c, memory, keys)
+            logits.append(step_logits)
+            weights.append(step_weights)
+        return torch.stack(logits, dim=1), torch.stack(weights, dim=1)
+
+    def greedy(self, memory, keys, h, c, max_new_tokens: int, suppress_ids: Sequence[int]):
+        """Reference greedy search (PyTorch, batch-synchronous) from the encoder's outputs, for parity tests
+        and evaluation: per row the generated ids (EOS excluded) and a (words, S) attention tensor."""
+        state = [h, c]
+
+        def step(ids):
+            logits, state[0], state[1], weights = self.step(ids, *state, memory, keys)
+            return logits, weights
+
+        start = torch.full((memory.shape[0],), vocabulary.START_ID)
+        outputs, attentions = greedy_search(step, start, vocabulary.EOS_ID, max_new_tokens, suppress_ids)
+        return outputs, [torch.stack(a) if a else torch.zeros(0, memory.shape[1]) for a in attentions]
+
 
 class ShowAttendTell(nn.Module):
+    # The family name its checkpoints record (common/training.py).
+    ARCH = "show-attend-tell"
+
     def __init__(self, cfg: ShowAttendTellConfig):
         super().__init__()
         self.cfg = cfg
@@ -201,12 +226,8 @@ class ShowAttendTell(nn.Module):
         keys = self.speller.attention.keys(memory)
         h, c = self.speller.initial_state(features.mean(1))
         presence = self.presence(features).amax(1)  # (B, objects)
-        logits, weights = [], []
-        for u in range(tgt_in.shape[1]):
-            step_logits, h, c, step_weights = self.speller.step(tgt_in[:, u], h, c, memory, keys)
-            logits.append(step_logits)
-            weights.append(step_weights)
-        return torch.stack(logits, dim=1), torch.stack(weights, dim=1), presence
+        logits, weights = self.speller.teacher_forced(tgt_in, h, c, memory, keys)
+        return logits, weights, presence
 
     @torch.no_grad()
     def greedy_decode(self, pixels: torch.Tensor, max_new_tokens: int | None = None,
@@ -216,16 +237,7 @@ class ShowAttendTell(nn.Module):
         Returns per row the generated ids (EOS excluded) and a (words, S) attention tensor.
         """
         memory, keys, h, c = self.encode(pixels)
-        state = [h, c]
-
-        def step(ids):
-            logits, state[0], state[1], weights = self.speller.step(ids, *state, memory, keys)
-            return logits, weights
-
-        start = torch.full((pixels.shape[0],), vocabulary.START_ID)
-        outputs, attentions = greedy_search(step, start, vocabulary.EOS_ID, max_new_tokens or self.cfg.max_words,
-                                            suppress_ids)
-        return outputs, [torch.stack(a) if a else torch.zeros(0, memory.shape[1]) for a in attentions]
+        return self.speller.greedy(memory, keys, h, c, max_new_tokens or self.cfg.max_words, suppress_ids)
 
 
 def normalize(images: torch.Tensor, cfg: ShowAttendTellConfig) -> torch.Tensor:

@@ -15,9 +15,9 @@ import pathlib
 
 import torch
 
+from attnserve.export.common.model_card import size_table, write_card
 from attnserve.export.image.model import ShowAttendTellConfig
 from attnserve.export.image.objects import OBJECTS
-from attnserve.export.model_card import size_table, write_card
 
 POINTING_TARGET = 0.8  # the issue's aim for strict pointing
 
@@ -86,59 +86,19 @@ def comparison_lines(scores: dict, previous: dict) -> list[str]:
 
 def render(checkpoint: dict, scores: dict, corpus: dict, parity: dict, model_dir: pathlib.Path,
            previous: dict | None = None) -> str:
-    cfg, state = checkpoint["config"], checkpoint["state"]
-    params = sum(v.numel() for v in checkpoint["model"].values())
+    cfg = checkpoint["config"]
     manifest = json.loads((model_dir / "manifest.json").read_text())
-    best = max(state["history"], key=lambda h: h["exact"])
     grid = ShowAttendTellConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}).grid
-    size = cfg["image_size"]
-    categories = {}
-    for o in OBJECTS:
-        categories.setdefault(o.category, []).append(o.name)
-    splits = ", ".join(f"{k} {v:,}" for k, v in corpus["splits"].items())
     return "\n".join([
-        f"# {manifest['name']} (version {manifest['version']})",
-        "",
-        "An English captioner of composed emoji scenes, show, attend and tell (Xu et al. 2015), writing whole words.",
-        "Exported to ONNX with the speller's h and c as replaced decoder state and each step's attention as output",
-        "(docs/model-contract.md, image input): every caption word comes with its attention over the image's",
-        f"{grid} x {grid} grid of cells. Trained from scratch here on one thread of a shared 2-core CPU, on synthetic",
-        "scenes only: it knows 40 emoji on plain, gradient or noisy backgrounds and nothing else.",
-        "",
-        "## Model",
-        encoder_line(cfg, grid, size),
-        f"- Speller: one LSTM cell of {cfg['decoder_hidden']} units, additive attention over the {grid * grid} cells"
-        " queried by the previous state, the paper's gate on the context, deep output layer;"
-        f" {cfg['vocab_size']} output ids (words + 4 specials); {params / 1e6:.2f}M parameters.",
-        f"- Limits: {manifest['input']['max_bytes']:,} bytes and {manifest['input']['max_pixels']:,} pixels per image,"
-        f" {manifest['limits']['max_new_tokens']} words.",
-        "",
-        "## Training",
-        f"- {state['step']:,} steps of {checkpoint.get('batch_size', 64)} images, {state['epoch']} epochs +"
-        f" {state['batch_in_epoch']:,} batches, {state['images']:,} images seen in {state['seconds'] / 60:.0f}"
-        f" minutes of compute ({state['images'] / max(state['seconds'], 1):.0f} images/s on one thread).",
-        "- Cross-entropy (label smoothing 0.05) + 0.01 x the doubly stochastic attention regulariser + 0.1 x the"
-        " training-only presence head's loss (each object's best cell score against the objects the caption names),"
-        " Adam, warm-up then inverse-square-root decay. Selected by dev exact match:"
-        f" {best['exact']:.1%} (pointing {best['pointing']:.1%}) at step {best['step']:,}."
-        " Script: `python -m attnserve.export.image.train`.",
-        "",
-        "## Data",
-        "",
-        f"`python -m attnserve.export.image.build` (seed {corpus['seed']}): {splits} scenes of 1 to 3 objects out of"
-        f" {len(OBJECTS)} Noto Color Emoji named by Unicode CLDR"
-        f" ({'; '.join(f'{k}: {len(v)}' for k, v in categories.items())}), on solid or gradient backgrounds with or"
-        f" without noise; {corpus['large_share']:.0%} of the training scenes drawn at 128-256 pixels and resized as"
-        " the server resizes. Captions follow from the scene graph: \"a small dog\", \"two cats\", \"a dog to the"
-        " left of a red apple\" (the left or upper object first), \"two cats below a bus\". The compositional split"
-        f" shows only {len(corpus['held_out_pairs'])} object pairs that never appear together in training, dev or"
-        " test.",
-        "",
+        *intro_lines(manifest, grid),
+        *model_section(checkpoint, manifest, grid),
+        *training_section(checkpoint),
+        *data_section(corpus),
         "## Scores (served: PNG files through the engine, greedy)",
         "",
         *score_lines(scores),
         "",
-        *pointing_lines(scores, size / grid),
+        *pointing_lines(scores, cfg["image_size"] / grid),
         "",
         *([f"## Compared with version {manifest['version'] - 1} (same splits, served)", "",
            *comparison_lines(scores, previous), ""] if previous else []),
@@ -156,6 +116,71 @@ def render(checkpoint: dict, scores: dict, corpus: dict, parity: dict, model_dir
         *size_table(model_dir),
         "",
     ])
+
+
+def intro_lines(manifest: dict, grid: int) -> list[str]:
+    return [
+        f"# {manifest['name']} (version {manifest['version']})",
+        "",
+        "An English captioner of composed emoji scenes, show, attend and tell (Xu et al. 2015), writing whole words.",
+        "Exported to ONNX with the speller's h and c as replaced decoder state and each step's attention as output",
+        "(docs/model-contract.md, image input): every caption word comes with its attention over the image's",
+        f"{grid} x {grid} grid of cells. Trained from scratch here on one thread of a shared 2-core CPU, on synthetic",
+        "scenes only: it knows 40 emoji on plain, gradient or noisy backgrounds and nothing else.",
+        "",
+    ]
+
+
+def model_section(checkpoint: dict, manifest: dict, grid: int) -> list[str]:
+    cfg = checkpoint["config"]
+    params = sum(v.numel() for v in checkpoint["model"].values())
+    return [
+        "## Model",
+        encoder_line(cfg, grid, cfg["image_size"]),
+        f"- Speller: one LSTM cell of {cfg['decoder_hidden']} units, additive attention over the {grid * grid} cells"
+        " queried by the previous state, the paper's gate on the context, deep output layer;"
+        f" {cfg['vocab_size']} output ids (words + 4 specials); {params / 1e6:.2f}M parameters.",
+        f"- Limits: {manifest['input']['max_bytes']:,} bytes and {manifest['input']['max_pixels']:,} pixels per image,"
+        f" {manifest['limits']['max_new_tokens']} words.",
+        "",
+    ]
+
+
+def training_section(checkpoint: dict) -> list[str]:
+    state = checkpoint["state"]
+    best = max(state["history"], key=lambda h: h["exact"])
+    return [
+        "## Training",
+        f"- {state['step']:,} steps of {checkpoint.get('batch_size', 64)} images, {state['epoch']} epochs +"
+        f" {state['batch_in_epoch']:,} batches, {state['images']:,} images seen in {state['seconds'] / 60:.0f}"
+        f" minutes of compute ({state['images'] / max(state['seconds'], 1):.0f} images/s on one thread).",
+        "- Cross-entropy (label smoothing 0.05) + 0.01 x the doubly stochastic attention regulariser + 0.1 x the"
+        " training-only presence head's loss (each object's best cell score against the objects the caption names),"
+        " Adam, warm-up then inverse-square-root decay. Selected by dev exact match:"
+        f" {best['exact']:.1%} (pointing {best['pointing']:.1%}) at step {best['step']:,}."
+        " Script: `python -m attnserve.export.image.train`.",
+        "",
+    ]
+
+
+def data_section(corpus: dict) -> list[str]:
+    categories = {}
+    for o in OBJECTS:
+        categories.setdefault(o.category, []).append(o.name)
+    splits = ", ".join(f"{k} {v:,}" for k, v in corpus["splits"].items())
+    return [
+        "## Data",
+        "",
+        f"`python -m attnserve.export.image.build` (seed {corpus['seed']}): {splits} scenes of 1 to 3 objects out of"
+        f" {len(OBJECTS)} Noto Color Emoji named by Unicode CLDR"
+        f" ({'; '.join(f'{k}: {len(v)}' for k, v in categories.items())}), on solid or gradient backgrounds with or"
+        f" without noise; {corpus['large_share']:.0%} of the training scenes drawn at 128-256 pixels and resized as"
+        " the server resizes. Captions follow from the scene graph: \"a small dog\", \"two cats\", \"a dog to the"
+        " left of a red apple\" (the left or upper object first), \"two cats below a bus\". The compositional split"
+        f" shows only {len(corpus['held_out_pairs'])} object pairs that never appear together in training, dev or"
+        " test.",
+        "",
+    ]
 
 
 def main() -> None:

@@ -28,11 +28,11 @@ import torch
 from tokenizers import Tokenizer
 from torch.nn import functional as F
 
+from attnserve.export.common.training import RunClock, inverse_sqrt, save_checkpoint
 from attnserve.export.image import scoring, vocabulary
 from attnserve.export.image.build import load_split
 from attnserve.export.image.model import ShowAttendTell, ShowAttendTellConfig, normalize
 from attnserve.export.image.objects import OBJECTS
-from attnserve.export.train import inverse_sqrt, save_checkpoint
 
 log = logging.getLogger("attnserve.image.train")
 
@@ -160,8 +160,7 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ShowAtte
 
 def run_epochs(model, optimizer, split: Split, dev: Split, tokenizer, state, run, minutes, opts) -> None:
     model.train()
-    deadline = time.monotonic() + minutes * 60
-    next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
+    clock = RunClock(run, minutes, opts.checkpoint_minutes)
     n = len(split.targets)
     while True:
         order = list(range(n))
@@ -185,12 +184,7 @@ def run_epochs(model, optimizer, split: Split, dev: Split, tokenizer, state, run
                          state["step"], state["epoch"], parts["words"], parts["attention"], parts["presence"],
                          optimizer.param_groups[0]["lr"],
                          state["images"] / max(state["seconds"], 1e-9))
-            stop = (run / "STOP").exists()  # `touch RUN/STOP`: checkpoint now and end, without losing work
-            if stop or time.monotonic() >= next_checkpoint or time.monotonic() >= deadline:
-                checkpoint(model, optimizer, dev, tokenizer, state, run)
-                next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
-            if stop or time.monotonic() >= deadline:
-                (run / "STOP").unlink(missing_ok=True)
+            if clock.after_step(lambda: checkpoint(model, optimizer, dev, tokenizer, state, run)):
                 return
         state["epoch"] += 1
         state["batch_in_epoch"] = 0

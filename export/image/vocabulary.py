@@ -1,7 +1,7 @@
 """The captioner's output units: whole words, written as a Hugging Face `tokenizers` file the server reads.
 
 Every word of every caption the scene grammar can write (export/image/scenes.py) is one piece, `▁` + word,
-after the speller's four special tokens in the same fixed ids (export/speech/vocabulary.py). Under the
+after the four special tokens in their fixed ids (export/common/vocabulary.py). Under the
 manifest's `metaspace-cjk` word boundary each piece opens a word of its own, so word-level attention is
 piece-level attention and a two-word name ("red apple") is two words, each with its own attention row.
 """
@@ -12,7 +12,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from attnserve.export.image.objects import OBJECTS
 from attnserve.export.image.scenes import RELATIONS
-from attnserve.export.speech.vocabulary import EOS_ID, METASPACE, PAD_ID, SPECIAL_TOKENS, START_ID, UNK_ID
+from attnserve.export.common.vocabulary import (EOS_ID, METASPACE, PAD_ID, SPECIAL_TOKENS, START_ID, UNK_ID,
+                                               add_special_tokens, suppressed_ids)
 
 __all__ = ["EOS_ID", "PAD_ID", "SPECIAL_TOKENS", "START_ID", "UNK_ID", "caption_words", "encode", "suppressed_ids",
            "word_tokenizer"]
@@ -32,11 +33,7 @@ def word_tokenizer(words: list[str] | None = None) -> Tokenizer:
     tokenizer = Tokenizer(models.WordLevel({piece: i for i, piece in enumerate(pieces)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(METASPACE, prepend_scheme="always", split=True)
     tokenizer.decoder = decoders.Metaspace(METASPACE, prepend_scheme="always")
-    tokenizer.add_special_tokens(SPECIAL_TOKENS)
-    for index, token in enumerate(SPECIAL_TOKENS):
-        if tokenizer.token_to_id(token) != index:
-            raise RuntimeError(f"special token {token} must have id {index}")
-    return tokenizer
+    return add_special_tokens(tokenizer)
 
 
 def encode(tokenizer: Tokenizer, captions: list[str]) -> list[list[int]]:
@@ -50,8 +47,3 @@ def encode(tokenizer: Tokenizer, captions: list[str]) -> list[list[int]]:
         if UNK_ID in ids:
             raise ValueError(f"caption {text!r} holds words outside the captioner's vocabulary")
     return encoded
-
-
-def suppressed_ids() -> list[int]:
-    """Ids the served decoder never emits: padding, <unk> and the start token."""
-    return [PAD_ID, UNK_ID, START_ID]

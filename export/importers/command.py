@@ -63,7 +63,7 @@ def import_checkpoint(checkpoint: pathlib.Path, repository: pathlib.Path, name: 
     try:
         manifest = family.import_checkpoint(ckpt, out_dir, name, version, languages)
         if variant != "fp32":
-            from attnserve.export.quantize import quantize_folder
+            from attnserve.export.common.quantize import quantize_folder
 
             quantize_folder(out_dir, variant)
         model_card.write(repository / name, ckpt, manifest, variant)

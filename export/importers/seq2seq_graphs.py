@@ -22,7 +22,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from attnserve.export.onnx_export import export_step_graphs, kv_static_and_state
+from attnserve.export.common.onnx_graphs import export_step_graphs, kv_static_and_state
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,7 +57,7 @@ def read_corpus(corpus: Path) -> list[tuple[str, str, str]]:
         tsv, src = corpus / f"{split}.tsv", corpus / f"{split}.source"
         if not tsv.exists() or not src.exists():
             raise FileNotFoundError(f"{tsv} or {src} missing: build the corpus first "
-                                    "(python -m attnserve.export.corpus.build --out data/corpus)")
+                                    "(python -m attnserve.export.translation.corpus.build --out data/corpus)")
         en = [line.split("\t", 1)[0] for line in tsv.read_text(encoding="utf-8").splitlines()]
         sources = src.read_text(encoding="utf-8").splitlines()
         if len(en) != len(sources):

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from attnserve.export.common.serving import open_engine
 from attnserve.export.speech.scoring import error_rate
 
 ESPEAK = "espeak-ng"
@@ -33,19 +34,6 @@ def voice_group(row: dict) -> str:
     if row["engine"] == ESPEAK:
         return f"{ESPEAK}:{row['voice'].split('+')[0]}"
     return f"{row['engine']}:{row['voice']}"
-
-
-def open_engine(model_dir: pathlib.Path, max_batch: int = 16):
-    """The model of a version folder (models/<name>/<version>), loaded as `attnserve serve` loads it."""
-    from attnserve.server.engine.batcher import BatchingOptions
-    from attnserve.server.engine.registry import load_engine
-    from attnserve.server.model.repository import find_models
-
-    name = model_dir.parent.name
-    models = find_models(model_dir.parent.parent)
-    if models[name].path.resolve() != model_dir.resolve():
-        raise ValueError(f"{model_dir} is not the newest version of {name}; the server would serve {models[name].path}")
-    return load_engine(models[name], batching=BatchingOptions(max_batch_size=max_batch, window_ms=50.0))
 
 
 @contextlib.contextmanager
@@ -86,7 +74,7 @@ def noisy(wav: bytes, snr_db: float, seed: int):
     """The clip with white noise at `snr_db` below its own power (seeded: the same noise every run), as raw
     samples: how the recognizer fares off clean synthesized audio."""
     from attnserve.server.inputs.audio import read_wav
-    from attnserve.server.generation import AudioInput
+    from attnserve.api.generation import AudioInput
 
     clip = read_wav(wav)
     samples = clip.samples().astype(np.float64)
@@ -98,7 +86,7 @@ def noisy(wav: bytes, snr_db: float, seed: int):
 def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, attention: bool,
                noise_snr_db: float | None = None) -> list:
     """Served results in row order; clips are submitted shortest first so batches pad little."""
-    from attnserve.server.generation import (AttentionGranularity, AttentionOptions, AudioInput, DecodingOptions,
+    from attnserve.api.generation import (AttentionGranularity, AttentionOptions, AudioInput, DecodingOptions,
                                              GenerationRequest)
 
     def audio(i: int) -> AudioInput:

@@ -24,6 +24,7 @@ import wave
 
 import numpy as np
 
+from attnserve.export.common.serving import open_engine
 from attnserve.export.speech import evaluate
 from attnserve.export.speech.scoring import error_rate
 
@@ -97,7 +98,7 @@ def model_split(model_dir: pathlib.Path, corpus: pathlib.Path, split: str) -> di
         alone = pathlib.Path(tmp) / model_dir.parent.name / model_dir.name
         alone.parent.mkdir()
         alone.symlink_to(model_dir.resolve())
-        engine = evaluate.open_engine(alone)
+        engine = open_engine(alone)
         try:
             beam = engine.manifest.decoding.beam_size  # the served default search
             return {"beam_size": beam, **evaluate.score_split(engine, corpus, split, beam, None)}

@@ -26,12 +26,11 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from attnserve.export.onnx_export import write_tokenizer_and_manifest
+from attnserve.export.common.onnx_graphs import trace, write_tokenizer_and_manifest
 from attnserve.export.speech import vocabulary
 from attnserve.export.speech.feature_cache import FEATURES, manifest_features
 from attnserve.export.speech.model import ListenAttendSpell, pad_features
 
-OPSET = 17
 # Decoder state: (past input, present output, init).
 STATE = [
     ("past_state.hidden", "present_state.hidden", {"from": "initial_state.hidden"}),
@@ -109,12 +108,11 @@ def export_graphs(model: ListenAttendSpell, out_dir: pathlib.Path) -> None:
     model = model.eval()  # the wrappers below are made in eval mode too: the exporter restores their mode after
     encoder_example, decoder_example = example_inputs(model)
     batch, batch_frames, batch_source = {0: "batch"}, {0: "batch", 1: "frames"}, {0: "batch", 1: "source"}
-    torch.onnx.export(
+    trace(
         EncoderGraph(model).eval(), encoder_example, str(out_dir / "encoder.onnx"),
         input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
         dynamic_axes={**{n: batch_frames for n in ENCODER_INPUTS}, **{n: batch_source for n in ENCODER_OUTPUTS[:3]},
                       **{n: batch for n in ENCODER_OUTPUTS[3:]}, "ctc_log_probs": {0: "batch", 1: "ctc_frames"}},
-        opset_version=OPSET, dynamo=False, external_data=False,
     )
     # Shape inference loses the widths behind the listener's row-reversing gathers; they are fixed.
     cfg = model.cfg
@@ -122,13 +120,12 @@ def export_graphs(model: ListenAttendSpell, out_dir: pathlib.Path) -> None:
                                              "initial_state.hidden": cfg.speller_hidden,
                                              "initial_state.cell": cfg.speller_hidden,
                                              "ctc_log_probs": cfg.vocab_size})
-    torch.onnx.export(
+    trace(
         DecoderStepGraph(model).eval(), decoder_example, str(out_dir / "decoder.onnx"),
         input_names=DECODER_INPUTS, output_names=DECODER_OUTPUTS,
         dynamic_axes={**{n: batch_source for n in [*STATIC, *STATE[3][:2]]},
                       **{n: batch for n in ["input_ids", "logits", *(n for s in STATE[:3] for n in s[:2])]},
                       "cross_attentions": {0: "batch", 3: "source"}},
-        opset_version=OPSET, dynamo=False, external_data=False,
     )
 
 

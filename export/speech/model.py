@@ -17,7 +17,7 @@ replaced every step, which is exactly the contract's `replace` decoder state; th
 along the source axis (docs/model-contract.md, the LSTM speller example).
 
 Padding never reaches a real frame: features are normalised per clip over its real frames only, the
-backward LSTMs read each row reversed within its own length (export/recurrent.py), and every layer's
+backward LSTMs read each row reversed within its own length (export/common/recurrent_layers.py), and every layer's
 output is zeroed on padding before pairs are concatenated. A clip gives the same states alone or in a
 padded batch, and training keeps fast padded batches (packed LSTMs train ~50x slower on CPU).
 """
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from attnserve.export.recurrent import AdditiveAttention, greedy_search, reverse_within_length
+from attnserve.export.common.recurrent_layers import AdditiveAttention, greedy_search, reverse_within_length
 from attnserve.export.speech import vocabulary
 
 
@@ -221,6 +221,9 @@ class Speller(nn.Module):
 
 
 class ListenAttendSpell(nn.Module):
+    # The family name its checkpoints record (common/training.py).
+    ARCH = "listen-attend-spell"
+
     def __init__(self, cfg: ListenAttendSpellConfig):
         super().__init__()
         self.cfg = cfg

@@ -15,7 +15,7 @@ import pathlib
 
 import torch
 
-from attnserve.export.model_card import size_table, write_card
+from attnserve.export.common.model_card import size_table, write_card
 from attnserve.export.speech.model import ListenAttendSpellConfig
 
 
@@ -182,9 +182,7 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
     noise mixed in."""
     cfg, state = ListenAttendSpellConfig(**checkpoint["config"]), checkpoint["state"]
     ctc_share = ctc_loss_weight if ctc_loss_weight is not None else state.get("ctc_weight", 0.3)
-    params = sum(v.numel() for k, v in checkpoint["model"].items())
     manifest = json.loads((model_dir / "manifest.json").read_text())
-    best, last = min(state["history"], key=lambda h: h["cer"]), state["history"][-1]
     joint_weight = manifest["encoder"].get("ctc", {}).get("weight", 0.0)
     return "\n".join([
         f"# {manifest['name']} (version {manifest['version']})",
@@ -196,28 +194,8 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
         "Trained from scratch here, on 2 CPU cores, on synthesized speech only: expect it to fail on real voices.",
         "",
         *status_lines(scores, state, joint=bool(joint_weight)),
-        "## Model",
-        listener_lines(cfg),
-        f"  Speller: one LSTM cell of {cfg.speller_hidden} units with location-aware"
-        f" attention (additive content score + {cfg.location_filters} convolution filters of width"
-        f" {cfg.location_kernel} over the previous step's weights); {cfg.vocab_size} output ids (26 letters, apostrophe, word marker,"
-        f" 4 specials); a CTC head on the {cfg.ctc_reduction}x layer; {params / 1e6:.2f}M parameters.",
-        f"- Limits: {manifest['input']['max_seconds']:g} s of audio, {manifest['limits']['max_new_tokens']} characters.",
-        *length_hint_lines(manifest),
-        *ctc_lines(joint_weight),
-        *default_search_lines(manifest),
-        "",
-        "## Training",
-        f"- {state['step']:,} steps, {state['epoch']} epochs + {state['batch_in_epoch']:,} batches,"
-        f" {state['audio_seconds'] / 3600:.1f} h of audio seen in {state['seconds'] / 60:.0f} minutes of compute"
-        f" ({state['audio_seconds'] / max(state['seconds'], 1):.0f} audio-s/s on 2 shared CPU cores).",
-        f"- Joint CTC-attention loss ({ctc_share:g} CTC on the {cfg.ctc_reduction}x layer + {1 - ctc_share:g} cross-entropy,"
-        " label smoothing 0.1), Adam,"
-        " warm-up then inverse-square-root decay, mel warp 0.85-1.18 and SpecAugment masks, padded length-sorted"
-        f" batches. Seen-voice dev CER (greedy): best {best['cer']:.1%} at step {best['step']:,}, {last['cer']:.1%} at"
-        f" step {last['step']:,} (attention loss {last['attention_loss']:.3f}, CTC CER {last['ctc_cer']:.1%})."
-        " Script: `python -m attnserve.export.speech.train`.",
-        "",
+        *model_section(cfg, checkpoint, manifest, joint_weight),
+        *training_section(cfg, state, ctc_share),
         "## Data (hours of audio per voice)",
         "",
         "Synthesized by `python -m attnserve.export.speech.build`; held-out voices never train or select the model.",
@@ -237,6 +215,40 @@ def render(checkpoint: dict, scores: dict, stats: dict, model_dir: pathlib.Path,
         "",
         *closing_lines(scores, model_dir),
     ])
+
+
+def model_section(cfg: ListenAttendSpellConfig, checkpoint: dict, manifest: dict, joint_weight: float) -> list[str]:
+    params = sum(v.numel() for k, v in checkpoint["model"].items())
+    return [
+        "## Model",
+        listener_lines(cfg),
+        f"  Speller: one LSTM cell of {cfg.speller_hidden} units with location-aware"
+        f" attention (additive content score + {cfg.location_filters} convolution filters of width"
+        f" {cfg.location_kernel} over the previous step's weights); {cfg.vocab_size} output ids (26 letters, apostrophe, word marker,"
+        f" 4 specials); a CTC head on the {cfg.ctc_reduction}x layer; {params / 1e6:.2f}M parameters.",
+        f"- Limits: {manifest['input']['max_seconds']:g} s of audio, {manifest['limits']['max_new_tokens']} characters.",
+        *length_hint_lines(manifest),
+        *ctc_lines(joint_weight),
+        *default_search_lines(manifest),
+        "",
+    ]
+
+
+def training_section(cfg: ListenAttendSpellConfig, state: dict, ctc_share: float) -> list[str]:
+    best, last = min(state["history"], key=lambda h: h["cer"]), state["history"][-1]
+    return [
+        "## Training",
+        f"- {state['step']:,} steps, {state['epoch']} epochs + {state['batch_in_epoch']:,} batches,"
+        f" {state['audio_seconds'] / 3600:.1f} h of audio seen in {state['seconds'] / 60:.0f} minutes of compute"
+        f" ({state['audio_seconds'] / max(state['seconds'], 1):.0f} audio-s/s on 2 shared CPU cores).",
+        f"- Joint CTC-attention loss ({ctc_share:g} CTC on the {cfg.ctc_reduction}x layer + {1 - ctc_share:g} cross-entropy,"
+        " label smoothing 0.1), Adam,"
+        " warm-up then inverse-square-root decay, mel warp 0.85-1.18 and SpecAugment masks, padded length-sorted"
+        f" batches. Seen-voice dev CER (greedy): best {best['cer']:.1%} at step {best['step']:,}, {last['cer']:.1%} at"
+        f" step {last['step']:,} (attention loss {last['attention_loss']:.3f}, CTC CER {last['ctc_cer']:.1%})."
+        " Script: `python -m attnserve.export.speech.train`.",
+        "",
+    ]
 
 
 def closing_lines(scores: dict, model_dir: pathlib.Path) -> list[str]:

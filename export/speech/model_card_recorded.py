@@ -18,7 +18,7 @@ import pathlib
 
 import torch
 
-from attnserve.export.model_card import write_card
+from attnserve.export.common.model_card import write_card
 from attnserve.export.speech.model import ListenAttendSpellConfig
 from attnserve.export.speech.model_card import closing_lines, ctc_lines, default_search_lines, listener_lines, score_lines
 
@@ -58,11 +58,6 @@ def render(checkpoint: dict, start: dict, scores: dict, real: dict, mix: dict, m
     manifest = json.loads((model_dir / "manifest.json").read_text())
     after = next(k for k in next(iter(scores["splits"].values())) if k not in (before, SPHINX))
     minutes = (state["seconds"] - start["state"]["seconds"]) / 60
-    hours = (state["audio_seconds"] - start["state"]["audio_seconds"]) / 3600
-    steps = state["step"] - start["state"]["step"]
-    history = [h for h in state["history"] if h["step"] > start["state"]["step"]]
-    best = min(history, key=lambda h: h["cer"])
-    params = sum(v.numel() for v in checkpoint["model"].values())
     served = {split: {"beam_size": e[after]["beam_size"], **e[after]} for split, e in scores["splits"].items()}
     own = {"beam_size": next(iter(served.values()))["beam_size"], "splits": served}
     return "\n".join([
@@ -78,22 +73,8 @@ def render(checkpoint: dict, start: dict, scores: dict, real: dict, mix: dict, m
         "",
         verdict_line(scores, before, after),
         "",
-        "## Model",
-        listener_lines(cfg),
-        f"  Speller: one LSTM cell of {cfg.speller_hidden} units with location-aware attention; {cfg.vocab_size}"
-        f" output ids; a CTC head on the {cfg.ctc_reduction}x layer; {params / 1e6:.2f}M parameters.",
-        f"- Limits: {manifest['input']['max_seconds']:g} s of audio, {manifest['limits']['max_new_tokens']} characters.",
-        *ctc_lines(manifest["encoder"].get("ctc", {}).get("weight", 0.0)),
-        *default_search_lines(manifest),
-        "",
-        "## Training",
-        f"- From {before} (step {start['state']['step']:,}): {steps:,} steps, {hours:.1f} h of audio seen in"
-        f" {minutes:.0f} minutes of compute ({hours * 3600 / max(minutes * 60, 1):.0f} audio-s/s, one thread on 2"
-        " CPU cores shared with other jobs). Joint CTC-attention loss, Adam (fresh), inverse-square-root decay.",
-        f"- Selected on dev (recorded, held-out Amazon Queen characters; greedy): best CER {best['cer']:.1%}"
-        f" (WER {best['wer']:.1%}) at step {best['step']:,}; dev history: "
-        + ", ".join(f"{h['step']:,}: {h['cer']:.1%}" for h in history) + ".",
-        "",
+        *model_section(cfg, checkpoint, manifest),
+        *training_section(state, start, before),
         "## Data",
         "",
         "Recorded speech (`python -m attnserve.export.speech.real`); `test_real_heldout` (Drascula, Asterisk) never",
@@ -116,6 +97,39 @@ def render(checkpoint: dict, start: dict, scores: dict, real: dict, mix: dict, m
         "",
         *closing_lines(own, model_dir),
     ])
+
+
+def model_section(cfg: ListenAttendSpellConfig, checkpoint: dict, manifest: dict) -> list[str]:
+    params = sum(v.numel() for v in checkpoint["model"].values())
+    return [
+        "## Model",
+        listener_lines(cfg),
+        f"  Speller: one LSTM cell of {cfg.speller_hidden} units with location-aware attention; {cfg.vocab_size}"
+        f" output ids; a CTC head on the {cfg.ctc_reduction}x layer; {params / 1e6:.2f}M parameters.",
+        f"- Limits: {manifest['input']['max_seconds']:g} s of audio, {manifest['limits']['max_new_tokens']} characters.",
+        *ctc_lines(manifest["encoder"].get("ctc", {}).get("weight", 0.0)),
+        *default_search_lines(manifest),
+        "",
+    ]
+
+
+def training_section(state: dict, start: dict, before: str) -> list[str]:
+    """What this run added to the weights it started from (`start`): steps, audio, compute, the dev history."""
+    minutes = (state["seconds"] - start["state"]["seconds"]) / 60
+    hours = (state["audio_seconds"] - start["state"]["audio_seconds"]) / 3600
+    steps = state["step"] - start["state"]["step"]
+    history = [h for h in state["history"] if h["step"] > start["state"]["step"]]
+    best = min(history, key=lambda h: h["cer"])
+    return [
+        "## Training",
+        f"- From {before} (step {start['state']['step']:,}): {steps:,} steps, {hours:.1f} h of audio seen in"
+        f" {minutes:.0f} minutes of compute ({hours * 3600 / max(minutes * 60, 1):.0f} audio-s/s, one thread on 2"
+        " CPU cores shared with other jobs). Joint CTC-attention loss, Adam (fresh), inverse-square-root decay.",
+        f"- Selected on dev (recorded, held-out Amazon Queen characters; greedy): best CER {best['cer']:.1%}"
+        f" (WER {best['wer']:.1%}) at step {best['step']:,}; dev history: "
+        + ", ".join(f"{h['step']:,}: {h['cer']:.1%}" for h in history) + ".",
+        "",
+    ]
 
 
 def main() -> None:

@@ -30,8 +30,8 @@ import onnxruntime as ort
 import torch
 from onnx import numpy_helper
 
-from attnserve.export.architectures import checkpoint_fields
-from attnserve.export.recover_weights import PREFIX, initializer_values
+from attnserve.export.common.onnx_weights import PREFIX, initializer_values
+from attnserve.export.common.training import checkpoint_fields
 from attnserve.export.speech import vocabulary
 from attnserve.export.speech.export import parity
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig

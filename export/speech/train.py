@@ -35,9 +35,9 @@ from tokenizers import Tokenizer
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from attnserve.export import cpu_bf16
+from attnserve.export.common import cpu_bf16
+from attnserve.export.common.training import RunClock, inverse_sqrt, save_checkpoint
 from attnserve.export.speech import vocabulary
-from attnserve.export.train import inverse_sqrt, save_checkpoint
 from attnserve.export.speech.feature_cache import SplitFeatures, load_split
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig, pad_features
 from attnserve.export.speech.scoring import error_rate
@@ -278,6 +278,30 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ListenAt
     run.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(opts.seed)
     tokenizer = vocabulary.character_tokenizer()
+    train_split, train_targets, dev_split, dev_targets = _splits(corpus, features, tokenizer, opts)
+
+    # Model and optimizer: resumed from last.pt, started from other weights, or fresh (feature scale measured
+    # on training clips). The model moves to its device before the optimizer is made (and its state loaded).
+    ckpt = _starting_point(run, init_weights)
+    model, state = _model_and_state(ckpt, cfg, train_split, opts)
+    state["data"] = data_id(train_split)
+    state["ctc_weight"] = opts.ctc_weight  # the loss's mix, for the model card
+    model.to(opts.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=opts.lr)
+    if ckpt is not None and "optimizer" in ckpt and not fresh_optimizer:
+        optimizer.load_state_dict(ckpt["optimizer"])  # its state moves to the parameters' device
+    elif ckpt is not None:
+        log.info("fresh optimizer")
+    log.info("model: %s, %.2fM parameters, on %s", model.cfg, sum(p.numel() for p in model.parameters()) / 1e6,
+             opts.device)
+
+    # Epochs until the deadline, with a checkpoint every opts.checkpoint_minutes and at the end.
+    run_epochs(model, optimizer, (train_split, train_targets), (dev_split, dev_targets), tokenizer, state, run,
+               minutes, opts)
+
+
+def _splits(corpus: pathlib.Path, features: pathlib.Path, tokenizer, opts: TrainOptions):
+    """The training and dev splits (dev cut to opts.dev_clips) and their transcripts as character ids."""
     train_split = load_split(corpus, "train", features)
     dev_split = load_split(corpus, "dev", features)
     if opts.dev_clips is not None:
@@ -286,9 +310,11 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ListenAt
     dev_targets = vocabulary.encode(tokenizer, [u.text for u in dev_split.utterances])
     log.info("train %d clips (%.2f h), dev %d clips (%.2f h)", len(train_targets), train_split.seconds / 3600,
              len(dev_targets), dev_split.seconds / 3600)
+    return train_split, train_targets, dev_split, dev_targets
 
-    # Model and optimizer: resumed from last.pt, started from other weights, or fresh (feature scale measured
-    # on training clips). The model moves to its device before the optimizer is made (and its state loaded).
+
+def _starting_point(run: pathlib.Path, init_weights: pathlib.Path | None) -> dict | None:
+    """The run's last.pt; without one, `init_weights` at a new epoch with no best CER yet; else None (fresh)."""
     last = run / "last.pt"
     ckpt = torch.load(last, map_location="cpu", weights_only=False) if last.exists() else None
     if ckpt is None and init_weights is not None:
@@ -298,37 +324,28 @@ def train(corpus: pathlib.Path, run: pathlib.Path, minutes: float, cfg: ListenAt
         log.info("starting from %s (step %d)", init_weights, ckpt["state"]["step"])
     elif ckpt is not None and init_weights is not None:
         log.info("%s exists: resuming it, not %s", last, init_weights)
+    return ckpt
+
+
+def _model_and_state(ckpt: dict | None, cfg: ListenAttendSpellConfig, train_split, opts: TrainOptions):
+    """The model (the checkpoint's own config wins over `cfg`) and the training state to go on from."""
     if ckpt is not None and ListenAttendSpellConfig(**ckpt["config"]) != cfg:
         log.info("resuming with the run's own model config; the command line's differs")
         cfg = ListenAttendSpellConfig(**ckpt["config"])
     model = ListenAttendSpell(cfg)
-    state = fresh_state()
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        state = ckpt["state"]
-        if "rng" in ckpt:
-            torch.set_rng_state(ckpt["rng"])
-        log.info("resumed at step %d (%.2f h of audio seen)", state["step"], state["audio_seconds"] / 3600)
-        if state.get("data") != data_id(train_split):
-            # A rebuilt corpus orders its batches differently: the saved place in the epoch means nothing.
-            log.info("the training clips changed since the last start: new epoch")
-            state["epoch"], state["batch_in_epoch"] = state["epoch"] + 1, 0
-    else:
+    if ckpt is None:
         model.set_feature_scale(feature_scale(model, train_split, opts.scale_clips, opts.seed))
-    state["data"] = data_id(train_split)
-    state["ctc_weight"] = opts.ctc_weight  # the loss's mix, for the model card
-    model.to(opts.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=opts.lr)
-    if ckpt is not None and "optimizer" in ckpt and not fresh_optimizer:
-        optimizer.load_state_dict(ckpt["optimizer"])  # its state moves to the parameters' device
-    elif ckpt is not None:
-        log.info("fresh optimizer")
-    log.info("model: %s, %.2fM parameters, on %s", cfg, sum(p.numel() for p in model.parameters()) / 1e6,
-             opts.device)
-
-    # Epochs until the deadline, with a checkpoint every opts.checkpoint_minutes and at the end.
-    run_epochs(model, optimizer, (train_split, train_targets), (dev_split, dev_targets), tokenizer, state, run,
-               minutes, opts)
+        return model, fresh_state()
+    model.load_state_dict(ckpt["model"])
+    state = ckpt["state"]
+    if "rng" in ckpt:
+        torch.set_rng_state(ckpt["rng"])
+    log.info("resumed at step %d (%.2f h of audio seen)", state["step"], state["audio_seconds"] / 3600)
+    if state.get("data") != data_id(train_split):
+        # A rebuilt corpus orders its batches differently: the saved place in the epoch means nothing.
+        log.info("the training clips changed since the last start: new epoch")
+        state["epoch"], state["batch_in_epoch"] = state["epoch"] + 1, 0
+    return model, state
 
 
 def run_epochs(model, optimizer, train_data, dev_data, tokenizer, state, run, minutes, opts) -> None:
@@ -336,9 +353,8 @@ def run_epochs(model, optimizer, train_data, dev_data, tokenizer, state, run, mi
     augment = SpecAugment(opts.augment)
     frames = [u.frames for u in split.utterances]
     model.train()
-    deadline = time.monotonic() + minutes * 60
-    next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
-    while time.monotonic() < deadline:
+    clock = RunClock(run, minutes, opts.checkpoint_minutes)
+    while clock.running():
         batches = make_batches(frames, opts, random.Random(opts.seed + state["epoch"]))
         progress = tqdm(batches[state["batch_in_epoch"] :], desc=f"epoch {state['epoch']}", mininterval=30)
         for indices in progress:
@@ -362,12 +378,7 @@ def run_epochs(model, optimizer, train_data, dev_data, tokenizer, state, run, mi
                 log.info("step %d epoch %d loss %.3f lr %.2e audio %.2f h, %.1f audio-s/s", state["step"],
                          state["epoch"], loss.item(), optimizer.param_groups[0]["lr"], state["audio_seconds"] / 3600,
                          speed)
-            stop = (run / "STOP").exists()  # `touch RUN/STOP`: checkpoint now and end, without losing work
-            if stop or time.monotonic() >= next_checkpoint or time.monotonic() >= deadline:
-                checkpoint(model, optimizer, dev_data, tokenizer, state, run, opts)
-                next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
-            if stop or time.monotonic() >= deadline:
-                (run / "STOP").unlink(missing_ok=True)
+            if clock.after_step(lambda: checkpoint(model, optimizer, dev_data, tokenizer, state, run, opts)):
                 return
         state["epoch"] += 1
         state["batch_in_epoch"] = 0
@@ -391,7 +402,7 @@ def checkpoint(model, optimizer, dev_data, tokenizer, state, run, opts) -> None:
     save_checkpoint(run / "last.pt", model, optimizer, state, tokenizer)
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=pathlib.Path, default=pathlib.Path("data/speech"))
     parser.add_argument("--run", type=pathlib.Path, default=pathlib.Path.home() / ".cache/attnserve/runs/speech-en")
@@ -428,6 +439,11 @@ def main() -> None:
                         default=(AugmentOptions.warp_min, AugmentOptions.warp_max),
                         help="range of the random mel-axis warp factor (above 1: spectra moved up, as a smaller "
                              "vocal tract; default %(default)s)")
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.bf16_listener and (why := cpu_bf16.refusal("--bf16-listener", args.device)):
         parser.error(why)

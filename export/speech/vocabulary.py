@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from attnserve.export.common.vocabulary import (EOS_ID, METASPACE, PAD_ID, SPECIAL_TOKENS, START_ID, UNK_ID,
+                                               add_special_tokens, suppressed_ids)
 from attnserve.export.speech.text import ALPHABET
 
-METASPACE = "▁"
-# Fixed ids: the manifest, the CTC blank and the training code rely on this order.
-SPECIAL_TOKENS = ["<pad>", "<unk>", "</s>", "<s>"]
-PAD_ID, UNK_ID, EOS_ID, START_ID = 0, 1, 2, 3
+__all__ = ["BLANK_ID", "CHARACTERS", "EOS_ID", "MAX_CHARACTERS_PER_SECOND", "METASPACE", "PAD_ID", "SPECIAL_TOKENS",
+           "START_ID", "UNK_ID", "character_tokenizer", "encode", "suppressed_ids"]
 # The CTC branch (training only) uses <pad> as its blank: padding is never a target.
 BLANK_ID = PAD_ID
 CHARACTERS = [METASPACE if ch == " " else ch for ch in ALPHABET]
@@ -35,11 +35,7 @@ def character_tokenizer() -> Tokenizer:
     # Pieces joined with `▁` read as spaces, a leading one dropped. (Not Strip: tokenizers 0.23 panics when
     # it strips a lone space, which a speller that emits only `▁` would make the server decode.)
     tokenizer.decoder = decoders.Metaspace(METASPACE, prepend_scheme="first")
-    tokenizer.add_special_tokens(SPECIAL_TOKENS)
-    for index, token in enumerate(SPECIAL_TOKENS):
-        if tokenizer.token_to_id(token) != index:
-            raise RuntimeError(f"special token {token} must have id {index}")
-    return tokenizer
+    return add_special_tokens(tokenizer)
 
 
 def encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
@@ -53,8 +49,3 @@ def encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
         if UNK_ID in ids:
             raise ValueError(f"transcript {text!r} holds characters outside the speller's vocabulary")
     return encoded
-
-
-def suppressed_ids() -> list[int]:
-    """Ids the served decoder never emits: padding, <unk> (never a target) and the start token."""
-    return [PAD_ID, UNK_ID, START_ID]

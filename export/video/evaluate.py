@@ -34,7 +34,7 @@ def draw_split(split: str, count: int, seed: int = 1) -> tuple[list[clips.Clip],
 
 def caption_all(engine, files: list[bytes], chunk: int = 64) -> list:
     """Served results (attention at word granularity) in clip order."""
-    from attnserve.server.generation import AttentionGranularity, AttentionOptions, GenerationRequest, VideoInput
+    from attnserve.api.generation import AttentionGranularity, AttentionOptions, GenerationRequest, VideoInput
 
     options = AttentionOptions(enabled=True, granularity=AttentionGranularity.WORDS)
     results = []
@@ -120,7 +120,7 @@ def evaluate(engine, split: str, count: int, container: str = "mp4", size: int =
 
 
 def main() -> None:
-    from attnserve.export.speech.evaluate import open_engine
+    from attnserve.export.common.serving import open_engine
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=pathlib.Path, required=True)

@@ -26,14 +26,13 @@ from attnserve.export.image.export import (
     DECODER_INPUTS,
     DECODER_OUTPUTS,
     ENCODER_OUTPUTS,
-    OPSET,
     STATE,
     STATIC,
     DecoderStepGraph,
     chained_parity,
     graph_sections,
 )
-from attnserve.export.onnx_export import write_tokenizer_and_manifest
+from attnserve.export.common.onnx_graphs import trace, write_tokenizer_and_manifest
 from attnserve.export.video import vocabulary
 from attnserve.export.video.model import VideoShowAttendTell
 
@@ -62,21 +61,19 @@ def export_graphs(model: VideoShowAttendTell, out_dir: pathlib.Path) -> None:
     with torch.no_grad():
         memory, keys, h, c = model.encode(frames)
     batch, batch_source = {0: "batch"}, {0: "batch", 1: "source"}
-    torch.onnx.export(
+    trace(
         EncoderGraph(model).eval(), (frames,), str(out_dir / "encoder.onnx"),
         input_names=["pixel_values"], output_names=ENCODER_OUTPUTS,
         dynamic_axes={"pixel_values": {0: "batch", 1: "frames"}, **{n: batch_source for n in STATIC},
                       **{n: batch for n in ENCODER_OUTPUTS if n not in STATIC}},
-        opset_version=OPSET, dynamo=False, external_data=False,
     )
     ids = torch.tensor([[vocabulary.START_ID], [vocabulary.START_ID + 5]])
-    torch.onnx.export(
+    trace(
         DecoderStepGraph(model).eval(), (ids, memory, keys, h, c), str(out_dir / "decoder.onnx"),
         input_names=DECODER_INPUTS, output_names=DECODER_OUTPUTS,
         dynamic_axes={**{n: batch_source for n in STATIC},
                       **{n: batch for n in ["input_ids", "logits", *(n for s in STATE for n in s[:2])]},
                       "cross_attentions": {0: "batch", 3: "source"}},
-        opset_version=OPSET, dynamo=False, external_data=False,
     )
 
 

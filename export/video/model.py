@@ -30,7 +30,6 @@ import torch
 from torch import nn
 
 from attnserve.export.image.model import Encoder, ShowAttendTellConfig, Speller
-from attnserve.export.recurrent import greedy_search
 from attnserve.export.video import vocabulary
 from attnserve.export.video.clips import FRAMES, OBJECT_SET
 
@@ -107,6 +106,9 @@ class Temporal(nn.Module):
 
 
 class VideoShowAttendTell(nn.Module):
+    # The family name its checkpoints record (common/training.py).
+    ARCH = "show-attend-tell-video"
+
     def __init__(self, cfg: VideoCaptionerConfig):
         super().__init__()
         self.cfg = cfg
@@ -142,28 +144,15 @@ class VideoShowAttendTell(nn.Module):
         h, c = self.speller.initial_state(plain.mean((1, 2)))
         presence = self.presence(plain).amax(2)  # (B, T, objects): each object's best cell in each frame
         action = self.action(states)[..., 0]  # (B, T)
-        logits, weights = [], []
-        for u in range(tgt_in.shape[1]):
-            step_logits, h, c, step_weights = self.speller.step(tgt_in[:, u], h, c, memory, keys)
-            logits.append(step_logits)
-            weights.append(step_weights)
-        return torch.stack(logits, dim=1), torch.stack(weights, dim=1), presence, action
+        logits, weights = self.speller.teacher_forced(tgt_in, h, c, memory, keys)
+        return logits, weights, presence, action
 
     @torch.no_grad()
     def greedy_decode(self, pixels: torch.Tensor, max_new_tokens: int | None = None,
                       suppress_ids=tuple(vocabulary.suppressed_ids())):
         """Reference greedy search: per row the ids (EOS excluded) and a (words, T*G) attention tensor."""
         memory, keys, h, c = self.encode(pixels)
-        state = [h, c]
-
-        def step(ids):
-            logits, state[0], state[1], weights = self.speller.step(ids, *state, memory, keys)
-            return logits, weights
-
-        start = torch.full((pixels.shape[0],), vocabulary.START_ID)
-        outputs, attentions = greedy_search(step, start, vocabulary.EOS_ID, max_new_tokens or self.cfg.max_words,
-                                            suppress_ids)
-        return outputs, [torch.stack(a) if a else torch.zeros(0, memory.shape[1]) for a in attentions]
+        return self.speller.greedy(memory, keys, h, c, max_new_tokens or self.cfg.max_words, suppress_ids)
 
 
 def normalize(frames: torch.Tensor, cfg: VideoCaptionerConfig) -> torch.Tensor:

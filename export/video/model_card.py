@@ -15,7 +15,7 @@ import pathlib
 
 import torch
 
-from attnserve.export.model_card import size_table, write_card
+from attnserve.export.common.model_card import size_table, write_card
 from attnserve.export.video import clips
 from attnserve.export.video.model import VideoCaptionerConfig
 
@@ -55,52 +55,15 @@ def example_lines(scores: dict, split: str = "test") -> list[str]:
 
 
 def card(ckpt: dict, scores: dict, parity: dict, model_dir: pathlib.Path) -> str:
-    cfg, state = ckpt["config"], ckpt["state"]
-    grid = VideoCaptionerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}).grid
-    parameters = sum(v.numel() for k, v in ckpt["model"].items() if not k.startswith(("presence", "action")))
-    best = max(state["history"], key=lambda h: h["exact"])
-    held = sorted(clips.held_out_pairs(1))
     lines = [
         f"# caption-video (version {model_dir.name})", "",
         "An English captioner of short animated emoji clips: show, attend and tell in time. Each caption word comes "
         "with its attention over every (frame, cell) of the clip, so a verb shows *when* the model looked and a "
         "noun *where*. Trained from scratch on one thread of a shared 2-core CPU, on synthetic clips only "
         "(export/video/clips.py): it knows 20 emoji and 10 events and nothing else.", "",
-        "## Model",
-        f"- Frames: the server samples {cfg['frames']} frames per clip (the one showing at the middle of each of "
-        f"{cfg['frames']} equal stretches) and squeezes each to {cfg['frame_size']} x {cfg['frame_size']} RGB.",
-        f"- Per frame: the image captioner's encoder (a stride-2 3x3 convolution of {cfg['stem']} channels, "
-        f"{len(cfg['stages'])} stages of 3x3 convolution + 2x2 max-pool ({', '.join(map(str, cfg['stages']))} "
-        f"channels), {cfg['grid_convs']} 3x3 convolutions on the grid, a 1x1 projection to {cfg['feature_dim']}) "
-        f"gives a {grid} x {grid} grid of cells with a learned position embedding per cell.",
-        f"- Over frames: each frame's grid, linearly summarised ({cfg['summary_dim']}), joined with its change since "
-        f"the previous frame, goes through a BiLSTM ({cfg['temporal_hidden']} units each way, two exported LSTMs); "
-        "its state at each frame, projected, is added to every cell of that frame.",
-        f"- Speller: the image captioner's LSTM cell ({cfg['decoder_hidden']} units) with additive attention over "
-        f"all (frame, cell) positions, a gate on the context and a deep output layer; {cfg['vocab_size']} output ids "
-        f"(whole words + 4 specials); {parameters / 1e6:.2f}M parameters exported.",
-        "- Limits (manifest): 10 s, 16 MiB, 1920 x 1080 pixels a frame, 600 frames a file.", "",
-        "## Training",
-        f"- {state['step']:,} steps of 32 clips, {state['clips']:,} clips seen (none twice: each drawn from its "
-        f"own seed), {state['seconds'] / 60:.0f} minutes of compute on one thread "
-        f"({state['clips'] / max(state['seconds'], 1):.0f} clips/s on a machine shared with 5 other jobs).",
-        "- Loss: word cross-entropy (label smoothing 0.05) + 0.5 x a training-only per-frame presence head (each "
-        "object's best cell in a frame against the objects visible in it) + 0.1 x a training-only per-frame "
-        "action head (an action window covers the frame); the first 901 steps used a whole-clip presence head at "
-        "0.1. Adam, warm-up then inverse-square-root decay. 20% of the clips drawn at twice the size and resized "
-        "as the server resizes.",
-        f"- Selected by dev exact match (400 clips): {best['exact']:.1%} at step {best['step']:,} (temporal "
-        f"pointing {best['temporal']:.1%}, spatial {best['spatial']:.1%}). Script: "
-        "`python -m attnserve.export.video.train`.", "",
-        "## Data", "",
-        "Clips of 1 to 3 s on a solid or gradient background, with or without noise: one object that jumps, falls, "
-        "appears, disappears, grows, shrinks or moves across (\"a dog moves from left to right\"), or two objects: "
-        "one jumps over the other, passes it (\"a taxi passes a star from right to left\"), or appears after the "
-        "other leaves. Each verb's action takes 30-50% of the clip (two windows of 22-32% for \"appears after ... "
-        "leaves\"), covering at least two of the model's frames; before and after it the objects stand still. "
-        "Splits by seed (train, dev, test); the compositional split shows only (verb, doer) pairs that no other "
-        f"split shows, two objects per verb ({len(held)} pairs): "
-        + ", ".join(f"{o} {v}" for v, o in held) + ".", "",
+        *model_section(ckpt),
+        *training_section(ckpt["state"]),
+        *data_section(),
         "## Scores (served: each clip an MP4/H.264 file of 96 x 96 pixels at 12 fps, greedy)", "",
         *score_lines(scores), "",
         "Temporal pointing: each verb word of a generated caption is a trial, scored by the share of its attention "
@@ -116,6 +79,61 @@ def card(ckpt: dict, scores: dict, parity: dict, model_dir: pathlib.Path) -> str
         *size_table(model_dir),
     ]
     return "\n".join(lines) + "\n"
+
+
+def model_section(ckpt: dict) -> list[str]:
+    cfg = ckpt["config"]
+    grid = VideoCaptionerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}).grid
+    parameters = sum(v.numel() for k, v in ckpt["model"].items() if not k.startswith(("presence", "action")))
+    return [
+        "## Model",
+        f"- Frames: the server samples {cfg['frames']} frames per clip (the one showing at the middle of each of "
+        f"{cfg['frames']} equal stretches) and squeezes each to {cfg['frame_size']} x {cfg['frame_size']} RGB.",
+        f"- Per frame: the image captioner's encoder (a stride-2 3x3 convolution of {cfg['stem']} channels, "
+        f"{len(cfg['stages'])} stages of 3x3 convolution + 2x2 max-pool ({', '.join(map(str, cfg['stages']))} "
+        f"channels), {cfg['grid_convs']} 3x3 convolutions on the grid, a 1x1 projection to {cfg['feature_dim']}) "
+        f"gives a {grid} x {grid} grid of cells with a learned position embedding per cell.",
+        f"- Over frames: each frame's grid, linearly summarised ({cfg['summary_dim']}), joined with its change since "
+        f"the previous frame, goes through a BiLSTM ({cfg['temporal_hidden']} units each way, two exported LSTMs); "
+        "its state at each frame, projected, is added to every cell of that frame.",
+        f"- Speller: the image captioner's LSTM cell ({cfg['decoder_hidden']} units) with additive attention over "
+        f"all (frame, cell) positions, a gate on the context and a deep output layer; {cfg['vocab_size']} output ids "
+        f"(whole words + 4 specials); {parameters / 1e6:.2f}M parameters exported.",
+        "- Limits (manifest): 10 s, 16 MiB, 1920 x 1080 pixels a frame, 600 frames a file.", "",
+    ]
+
+
+def training_section(state: dict) -> list[str]:
+    best = max(state["history"], key=lambda h: h["exact"])
+    return [
+        "## Training",
+        f"- {state['step']:,} steps of 32 clips, {state['clips']:,} clips seen (none twice: each drawn from its "
+        f"own seed), {state['seconds'] / 60:.0f} minutes of compute on one thread "
+        f"({state['clips'] / max(state['seconds'], 1):.0f} clips/s on a machine shared with 5 other jobs).",
+        "- Loss: word cross-entropy (label smoothing 0.05) + 0.5 x a training-only per-frame presence head (each "
+        "object's best cell in a frame against the objects visible in it) + 0.1 x a training-only per-frame "
+        "action head (an action window covers the frame); the first 901 steps used a whole-clip presence head at "
+        "0.1. Adam, warm-up then inverse-square-root decay. 20% of the clips drawn at twice the size and resized "
+        "as the server resizes.",
+        f"- Selected by dev exact match (400 clips): {best['exact']:.1%} at step {best['step']:,} (temporal "
+        f"pointing {best['temporal']:.1%}, spatial {best['spatial']:.1%}). Script: "
+        "`python -m attnserve.export.video.train`.", "",
+    ]
+
+
+def data_section() -> list[str]:
+    held = sorted(clips.held_out_pairs(1))
+    return [
+        "## Data", "",
+        "Clips of 1 to 3 s on a solid or gradient background, with or without noise: one object that jumps, falls, "
+        "appears, disappears, grows, shrinks or moves across (\"a dog moves from left to right\"), or two objects: "
+        "one jumps over the other, passes it (\"a taxi passes a star from right to left\"), or appears after the "
+        "other leaves. Each verb's action takes 30-50% of the clip (two windows of 22-32% for \"appears after ... "
+        "leaves\"), covering at least two of the model's frames; before and after it the objects stand still. "
+        "Splits by seed (train, dev, test); the compositional split shows only (verb, doer) pairs that no other "
+        f"split shows, two objects per verb ({len(held)} pairs): "
+        + ", ".join(f"{o} {v}" for v, o in held) + ".", "",
+    ]
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.nn import functional as F
 
-from attnserve.export.train import inverse_sqrt
+from attnserve.export.common.training import RunClock, inverse_sqrt, save_checkpoint
 from attnserve.export.video import clips, scoring, vocabulary
 from attnserve.export.video.model import VideoCaptionerConfig, VideoShowAttendTell, normalize
 from attnserve.export.video.render import FrameRenderer
@@ -150,14 +150,6 @@ def evaluate(model: VideoShowAttendTell, data: ClipData, count: int, batch: int 
             "examples": list(zip(references[:3], hypotheses[:3]))}
 
 
-def save(path: pathlib.Path, model, optimizer, state: dict, tokenizer: Tokenizer) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "config": dataclasses.asdict(model.cfg), "tokenizer": tokenizer.to_str(), "state": state,
-                "rng": torch.get_rng_state()}, tmp)
-    tmp.replace(path)  # atomic: a kill mid-save never leaves a broken checkpoint
-
-
 def load_model(path: pathlib.Path) -> tuple[VideoShowAttendTell, Tokenizer, dict]:
     """A checkpoint's model (eval mode), tokenizer and training state."""
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
@@ -197,8 +189,7 @@ def train(sprites: dict, run: pathlib.Path, minutes: float, cfg: VideoCaptionerC
 def run_steps(model, optimizer, data: ClipData, dev: ClipData, state: dict, run, minutes: float,
               opts: TrainOptions) -> None:
     model.train()
-    deadline = time.monotonic() + minutes * 60
-    next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
+    clock = RunClock(run, minutes, opts.checkpoint_minutes)
     while True:
         started = time.monotonic()
         for group in optimizer.param_groups:
@@ -216,12 +207,7 @@ def run_steps(model, optimizer, data: ClipData, dev: ClipData, state: dict, run,
             log.info("step %d words %.3f presence %.3f action %.3f lr %.2e, %.1f clips/s", state["step"],
                      parts["words"], parts["presence"], parts["action"], optimizer.param_groups[0]["lr"],
                      state["clips"] / max(state["seconds"], 1e-9))
-        stop = (run / "STOP").exists()  # `touch RUN/STOP`: checkpoint now and end, without losing work
-        if stop or time.monotonic() >= next_checkpoint or time.monotonic() >= deadline:
-            checkpoint(model, optimizer, dev, state, run, opts)
-            next_checkpoint = time.monotonic() + opts.checkpoint_minutes * 60
-        if stop or time.monotonic() >= deadline:
-            (run / "STOP").unlink(missing_ok=True)
+        if clock.after_step(lambda: checkpoint(model, optimizer, dev, state, run, opts)):
             return
 
 
@@ -237,8 +223,8 @@ def checkpoint(model, optimizer, dev: ClipData, state: dict, run: pathlib.Path, 
                              **{k: v for k, v in scores.items() if k != "examples"}})
     if scores["exact"] > state["best_exact"]:
         state["best_exact"] = scores["exact"]
-        save(run / "best.pt", model, optimizer, state, dev.tokenizer)
-    save(run / "last.pt", model, optimizer, state, dev.tokenizer)
+        save_checkpoint(run / "best.pt", model, optimizer, state, dev.tokenizer)
+    save_checkpoint(run / "last.pt", model, optimizer, state, dev.tokenizer)
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnserve.server.generation import AttentionMatrix, AttentionReduction
+from attnserve.api.generation import AttentionMatrix, AttentionReduction
 from attnserve.server.model.tokenization import Words
 
 

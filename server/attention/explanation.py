@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnserve.server.generation import AttentionExplanation
+from attnserve.api.generation import AttentionExplanation
 
 # A column whose summed attention is below this (a tenth of one output row) is flagged as neglected.
 NEGLECT_THRESHOLD = 0.1

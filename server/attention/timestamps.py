@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnserve.server.generation import WordTiming
+from attnserve.api.generation import WordTiming
 from attnserve.server.model.tokenization import METASPACE, Words
 
 # Attention weights are floored here before the log, so a path may cross a zero-weight cell if it must.

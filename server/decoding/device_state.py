@@ -16,7 +16,7 @@ so that each kind of update below is one graph run for all of them, not one per 
 - a new revision of the batch's tensors (gathered afresh, source axes cut) is copied in whole.
 The host tensors remain the truth. The small inputs of a step (tokens, positions, masks) and replaced state
 (an LSTM's h, c) are copied in every step; logits, attention and the new slots come back to the host, as
-without IO binding. The graphs are written by export/server_graphs.py.
+without IO binding. The graphs are written by export/common/server_graphs.py.
 
 Off on the CPU (`RuntimeOptions.io_binding`): there the "device" is host memory, and writing each new slot
 through a graph copies the buffer once more. Tests turn it on there to check it against the plain path.

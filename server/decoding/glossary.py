@@ -20,8 +20,8 @@ import dataclasses
 import pathlib
 from collections.abc import Mapping, Sequence
 
-from attnserve.server.generation import GenerationRequest, GlossaryPlacement
-from attnserve.server.language_detection import script_of
+from attnserve.api.generation import GenerationRequest, GlossaryPlacement
+from attnserve.api.language_detection import script_of
 from attnserve.server.model.tokenization import Tokenizer
 
 FILE = "glossary.tsv"

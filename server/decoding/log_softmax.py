@@ -4,7 +4,7 @@ Every decoder step turns each row's scores into log-probabilities: a greedy row 
 ranks its candidates by them, joint CTC decoding and LM fusion add them up. numpy's float32 `exp` is not
 vectorised on AVX2 CPUs: over 32 x 17,101 scores the numpy log-softmax took 1.1-1.5 ms, as long as a tenth
 of the translator's decoder call, and ONNX Runtime's LogSoftmax 0.3 ms (its results within 1e-5 of numpy's).
-The one-node graph (server/decoding/log_softmax.onnx, written by `attnserve.export.server_graphs`) runs in one
+The one-node graph (server/decoding/log_softmax.onnx, written by `attnserve.export.common.server_graphs`) runs in one
 session shared by every model and thread (ONNX Runtime sessions run concurrently).
 """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from attnserve.server.generation import AttentionReduction, GenerationRequest, SamplingOptions
+from attnserve.api.generation import AttentionReduction, GenerationRequest, SamplingOptions
 from attnserve.server.inputs.preprocessing import Source
 from attnserve.server.decoding.prompt import ForcedStart
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnserve.server.generation import SamplingOptions
+from attnserve.api.generation import SamplingOptions
 from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.decoding.search import GreedySearch
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnserve.server.generation import FinishReason
+from attnserve.api.generation import FinishReason
 from attnserve.server.decoding.log_softmax import log_softmax
 from attnserve.server.decoding.output_rules import OutputRules
 from attnserve.server.decoding.prepared import PreparedRequest

@@ -118,6 +118,21 @@ async def start(
         ValueError: a TLS file cannot be read, or the in-flight budget cannot hold one request.
     """
     memory.fix_mmap_threshold()  # request-sized buffers go back to the system when freed (server/edge/memory.py)
+    message_limits, admission = _admission(engines, max_inflight_bytes)
+    server = _grpc_server(message_limits, admission, tokens, engines)
+    drain = lifecycle.Drain()
+    servicer = service.AttnServeServicer(engines, drain, broken, intake_options, deadline_admission)
+    health_servicer = await _add_services(server, servicer, engines, broken)
+    port = _listen(server, address, tls)
+    await server.start()
+    # The engines were loaded (and warmed up, by `serve`) before the server was built: ready once it listens.
+    await _announce(health_servicer, engines, broken, address, port, tls)
+    return Server(server, health_servicer, engines, port, drain, message_limits, servicer)
+
+
+def _admission(engines: Mapping[str, service.Engine], max_inflight_bytes: int | None):
+    """The message size limits of the served models, and the admission of generation calls within them and
+    within the in-flight budget (None = 8 of the largest requests)."""
     message_limits = _message_limits(engines)
     inflight = max_inflight_bytes or 8 * message_limits.receive_bytes
     if inflight < message_limits.receive_bytes:
@@ -125,10 +140,16 @@ async def start(
             f"--max-inflight-request-mb {inflight / 2**20:.2f} is below the largest request a served model "
             f"accepts ({message_limits.receive_bytes / 2**20:.2f} MiB)"
         )
-    admission = limits.RequestAdmission(message_limits, limits.InflightBytes(inflight), _GENERATION_METHODS)
+    return message_limits, limits.RequestAdmission(message_limits, limits.InflightBytes(inflight), _GENERATION_METHODS)
+
+
+def _grpc_server(message_limits: limits.MessageLimits, admission: limits.RequestAdmission,
+                 tokens: frozenset[str] | security.TokenFile | None,
+                 engines: Mapping[str, service.Engine]) -> grpc.aio.Server:
+    """The grpc.aio server with its interceptors and transport options (nothing registered yet)."""
     # The token check comes first, so that an unauthenticated call is refused before anything is parsed.
     interceptors = [security.TokenInterceptor(tokens, _GENERATION_METHODS)] if tokens else []
-    server = grpc.aio.server(
+    return grpc.aio.server(
         interceptors=[*interceptors, errors.ErrorInterceptor(admission, _GENERATION_METHODS, engines)],
         options=[
             ("grpc.max_send_message_length", message_limits.send_bytes),
@@ -143,8 +164,11 @@ async def start(
             ("grpc.http2.bdp_probe", 0),
         ],
     )
-    drain = lifecycle.Drain()
-    servicer = service.AttnServeServicer(engines, drain, broken, intake_options, deadline_admission)
+
+
+async def _add_services(server: grpc.aio.Server, servicer: service.AttnServeServicer,
+                        engines: Mapping[str, service.Engine], broken: Mapping[str, str] | None):
+    """Registers AttnServe, health (every name NOT_SERVING until the port listens) and reflection."""
     pb_grpc.add_AttnServeServicer_to_server(servicer, server)
     metrics.describe_models(engines.values())
     metrics.track_intakes(servicer.intakes)
@@ -154,18 +178,24 @@ async def start(
     # grpc's servicer starts out SERVING; nothing is served until the port listens.
     for name in ("", SERVICE_NAME, *engines, *(broken or {})):
         await health_servicer.set(name, _NOT_SERVING)
+    return health_servicer
 
+
+def _listen(server: grpc.aio.Server, address: str, tls: security.TlsFiles | None) -> int:
+    """Binds `address` (TLS when given) and returns the port, or says in an OSError why it cannot."""
     try:
         if tls:
-            port = server.add_secure_port(address, security.server_credentials(tls))
-        else:
-            port = server.add_insecure_port(address)
+            return server.add_secure_port(address, security.server_credentials(tls))
+        return server.add_insecure_port(address)
     except RuntimeError as exc:  # grpc raises a bare "Failed to bind" without the address
         # With TLS, a key that does not belong to the certificate fails here too, in the same words.
         hint = "; or --tls-key is not the key of --tls-cert" if tls else ""
         raise OSError(f"cannot listen on {address}: {exc} (in use, or not an address of this machine{hint})") from exc
-    await server.start()
-    # The engines were loaded (and warmed up, by `serve`) before the server was built: ready once it listens.
+
+
+async def _announce(health_servicer: readiness.HealthServicer, engines: Mapping[str, service.Engine],
+                    broken: Mapping[str, str] | None, address: str, port: int, tls: security.TlsFiles | None) -> None:
+    """Health SERVING for the loaded models, a watch on engines that can die on their own, and the log lines."""
     for name in ("", SERVICE_NAME, *engines):
         await health_servicer.set(name, _SERVING)
     loop = asyncio.get_running_loop()
@@ -175,7 +205,6 @@ async def start(
         logger.error("model %r is not served: %s", name, reason)
     scheme = "TLS" if tls else "plaintext"
     logger.info("serving %s on %s (port %d, %s)", ", ".join(sorted(engines)) or "no models", address, port, scheme)
-    return Server(server, health_servicer, engines, port, drain, message_limits, servicer)
 
 
 def _message_limits(engines: Mapping[str, service.Engine]) -> limits.MessageLimits:
@@ -326,7 +355,8 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         engines = {name: registry.get(name) for name in registry.names()}
     from attnserve.server.engine import longform
 
-    engines = longform.wrap(engines, longform.LongFormOptions(max_seconds=options.long_form_max_minutes * 60))
+    engines = longform.wrap(engines, longform.LongFormOptions(max_seconds=options.long_form_max_minutes * 60,
+                                                              max_recordings=options.max_long_form_recordings))
     try:
         for name in list(engines):
             try:

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import GenerationRequest, GenerationResult, ModelInfo, StreamedToken, UnavailableError
+from attnserve.api.generation import GenerationRequest, GenerationResult, ModelInfo, StreamedToken, UnavailableError
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime_options import RuntimeOptions
 
@@ -310,69 +310,94 @@ def _child_main(conn, repository: str, name: str, runtime_options: RuntimeOption
     # The parent decides when to stop (it drains first); a terminal's Ctrl-C reaches the whole group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from attnserve.server.edge import logging_setup, memory
+    loaded = _load_in_child(conn, repository, name, runtime_options, batching_options, log_options)
+    if loaded is None:
+        return
+    registry, engine = loaded
+    try:
+        _Child(conn, engine).serve()
+    finally:
+        registry.close()  # queued requests fail (their outcomes are sent), the running batch finishes
+        conn.close()
+
+
+def _load_in_child(conn, repository: str, name: str, runtime_options: RuntimeOptions,
+                   batching_options: BatchingOptions, log_options: tuple[str, str] | None):
+    """The registry holding just `name` and its engine, or None once the parent has been told why not."""
+    from attnserve.server.edge import logging_setup
     from attnserve.server.engine.registry import load_engines
 
     if log_options is not None:
         logging_setup.configure(*log_options)
     try:
         registry = load_engines(repository, runtime_options, batching_options, only=[name])
-        engine = registry.get(name)
+        return registry, registry.get(name)
     except Exception as exc:
         conn.send(("failed", str(exc)))
         conn.close()
-        return
-    send_lock = threading.Lock()
+        return None
 
-    def send(message: tuple) -> None:
+
+class _Child:
+    """The child's end of the pipe: its engine, the requests running there, and the lock that orders what it
+    sends (a request's "accepted" before its "started" and tokens)."""
+
+    def __init__(self, conn, engine):
+        self.conn, self.engine = conn, engine
+        self.futures: dict[int, Future] = {}
+        self.send_lock = threading.Lock()
+
+    def send(self, message: tuple) -> None:
         try:
-            with send_lock:
-                conn.send(message)
+            with self.send_lock:
+                self.conn.send(message)
         except (OSError, ValueError):
             pass  # the parent is gone; the main loop sees EOF and stops
 
-    futures: dict[int, Future] = {}
-    memory.release_free_heap()  # what building the sessions parsed and freed (the parent's trim is not ours)
-    send(("ready", engine.info, engine.providers))
-    try:
+    def serve(self) -> None:
+        """Says ready, then handles submit, cancel and close messages until close or EOF."""
+        from attnserve.server.edge import memory
+
+        memory.release_free_heap()  # what building the sessions parsed and freed (the parent's trim is not ours)
+        self.send(("ready", self.engine.info, self.engine.providers))
         while True:
             try:
-                message = conn.recv()
+                message = self.conn.recv()
             except (EOFError, OSError):
-                break
+                return
             if message[0] == "close":
                 # What still runs is cut off (the parent drained first): cancelled, its rows end at the next
                 # step, so that closing takes a step, not the rest of the running batch.
-                for future in list(futures.values()):
-                    engine.cancel(future)
-                break
+                for future in list(self.futures.values()):
+                    self.engine.cancel(future)
+                return
             if message[0] == "cancel":
-                future = futures.get(message[1])
+                future = self.futures.get(message[1])
                 if future is not None:
-                    engine.cancel(future)
+                    self.engine.cancel(future)
                 continue
-            _, request_id, request, stream = message
-            on_token = functools.partial(_send_token, send, request_id) if stream else None
+            self.submit(*message[1:])
+
+    def submit(self, request_id: int, request, stream: bool) -> None:
+        send = self.send
+        on_token = functools.partial(_send_token, send, request_id) if stream else None
+        try:
+            prepared = self.engine.prepare(request)  # outside the lock: decoding a long recording takes a while
+        except Exception as exc:
+            send(("rejected", request_id, _transportable(exc)))
+            return
+        # Holding the pipe until "accepted" is out makes it the first message about the request: the
+        # worker may start it at once, but its "started" and tokens wait for the lock.
+        with self.send_lock:
             try:
-                prepared = engine.prepare(request)  # outside the lock: decoding a long recording takes a while
+                on_start = functools.partial(send, ("started", request_id))
+                future = self.engine.submit_prepared(prepared, on_token, on_start)
             except Exception as exc:
-                send(("rejected", request_id, _transportable(exc)))
-                continue
-            # Holding the pipe until "accepted" is out makes it the first message about the request: the
-            # worker may start it at once, but its "started" and tokens wait for the lock.
-            with send_lock:
-                try:
-                    on_start = functools.partial(send, ("started", request_id))
-                    future = engine.submit_prepared(prepared, on_token, on_start)
-                except Exception as exc:
-                    conn.send(("rejected", request_id, _transportable(exc)))
-                    continue
-                futures[request_id] = future
-                conn.send(("accepted", request_id))
-            future.add_done_callback(functools.partial(_send_outcome, send, futures, request_id))
-    finally:
-        registry.close()  # queued requests fail (their outcomes are sent), the running batch finishes
-        conn.close()
+                self.conn.send(("rejected", request_id, _transportable(exc)))
+                return
+            self.futures[request_id] = future
+            self.conn.send(("accepted", request_id))
+        future.add_done_callback(functools.partial(_send_outcome, send, self.futures, request_id))
 
 
 def _send_token(send, request_id: int, event: StreamedToken) -> None:

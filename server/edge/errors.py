@@ -25,7 +25,7 @@ from typing import Protocol
 
 import grpc
 
-from attnserve.server import generation
+from attnserve.api import generation
 from attnserve.server.edge import logging_setup, memory, metrics
 from attnserve.server.engine import limits
 

@@ -21,7 +21,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 
-from attnserve.server.generation import UnavailableError
+from attnserve.api.generation import UnavailableError
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import prometheus_client
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from attnserve.server import generation
+from attnserve.api import generation
 
 # Latency buckets span a cached short sentence (milliseconds) to a 256-token beam search on CPU.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -31,7 +31,7 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 # Status codes that mean the server refused a request it could not or would not run, and the reason a
 # refusal is counted under when the error names none (OverloadedError and the admission checks name theirs:
-# queue_full, inflight_bytes, decoded_bytes, preprocess_queue_full, deadline, unparsable).
+# queue_full, inflight_bytes, decoded_bytes, preprocess_queue_full, long_form_recordings, deadline, unparsable).
 REJECTION_REASONS = {
     "RESOURCE_EXHAUSTED": "queue_full",
     "OUT_OF_RANGE": "too_large",

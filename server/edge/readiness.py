@@ -14,7 +14,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2
 from PIL import Image
 
-from attnserve.server import generation
+from attnserve.api import generation
 
 logger = logging.getLogger(__name__)
 

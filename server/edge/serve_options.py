@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from attnserve.server import convert
+from attnserve.api import convert
 from attnserve.server.edge import logging_setup
 from attnserve.server.edge.intake import IntakeOptions
 from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.longform import LongFormOptions
 from attnserve.server.engine.option_fields import bounded, mirror, problems
 from attnserve.server.model.runtime_options import DEVICES, RuntimeOptions
 from attnserve.server.engine.scheduler import SchedulingOptions
@@ -82,6 +83,9 @@ class ServeOptions:
     # Audio models: recordings longer than the model's window, up to this long, are cut at pauses and
     # transcribed segment by segment (server/engine/longform.py); 0 = the window is the limit.
     long_form_max_minutes: float = bounded(60.0, least=0)
+    # Long recordings per model decoding or transcribed at once (each holds its samples); more are
+    # RESOURCE_EXHAUSTED.
+    max_long_form_recordings: int = mirror(LongFormOptions, "max_recordings")
     skip_broken_models: bool = False  # serve the healthy models when some fail to load (those: NOT_SERVING)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the port speaks TLS only
     tls_key: str | None = None  # PEM private key
@@ -242,7 +246,8 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     "--max-decoded-mb": (
         "max_decoded_mb",
         dict(type=float, help="MiB per model that inputs being preprocessed decode to (pixels x channels, "
-             "samples x 4, from their headers); more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+             "frames x pixels x 3, samples x 4, from their headers); more are RESOURCE_EXHAUSTED "
+             "(default: %(default)s)"),
     ),
     "--no-deadline-admission": (
         "deadline_admission",
@@ -253,6 +258,11 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         "long_form_max_minutes",
         dict(type=float, help="audio models: transcribe recordings longer than the model's window, up to this "
              "many minutes, cut at pauses (default: %(default)s; 0 = refuse them)"),
+    ),
+    "--max-long-form-recordings": (
+        "max_long_form_recordings",
+        dict(type=int, help="audio models: long recordings decoded or transcribed at once, per model (each holds "
+             "its samples); more are RESOURCE_EXHAUSTED (default: %(default)s)"),
     ),
     "--skip-broken-models": (
         "skip_broken_models",

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import grpc
 
-from attnserve.server import convert, generation
+from attnserve.api import convert, generation
 from attnserve.server.edge import errors, intake, lifecycle, logging_setup, metrics
 from attnserve.server.engine import cost
 from attnserve.v1 import attnserve_pb2 as pb

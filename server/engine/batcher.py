@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
-from attnserve.server.generation import OverloadedError, UnavailableError
+from attnserve.api.generation import OverloadedError, UnavailableError
 from attnserve.server.engine.option_fields import bounded, check
 from attnserve.server.engine.scheduler import SchedulingOptions
 

@@ -31,7 +31,7 @@ import dataclasses
 import threading
 
 from attnserve.server.engine.decoded_size import audio_seconds
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     GenerationRequest,
     GenerationResult,
     InputKind,

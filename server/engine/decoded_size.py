@@ -5,7 +5,8 @@ Why: the wire size says little about the work and memory an input costs. A solid
 float32 and then float64 while they are averaged to mono. The preprocessing budget (server/edge/intake.py)
 counts these bytes, so a flood of cheap-to-send, costly-to-decode inputs is refused before any of it is
 decoded. Headers only: Pillow's `Image.open` reads a PNG's IHDR or a JPEG's SOF and decodes nothing until
-asked; a WAV's header is parsed by `audio.read_wav`, which copies no sample.
+asked; a WAV's header is parsed by `audio.read_wav`, which copies no sample; a video file's container is
+opened (PyAV reads its stream headers) and no frame is decoded.
 
 Inputs that cannot be read here count as their wire size: the preprocessor refuses them, with its own
 message, when it gets to them.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import io
 
-from attnserve.server.generation import GenerationRequest
+from attnserve.api.generation import GenerationRequest, VideoInput
 
 # A decoded sample, as the preprocessing budget counts it (float32).
 SAMPLE_BYTES = 4
@@ -28,10 +29,12 @@ def decoded_bytes(request: GenerationRequest) -> int:
     """Bytes the request's input decodes to (text: its UTF-8 bound), from headers only; never raises."""
     if request.image is not None and request.image.data:
         return max(image_bytes(request.image.data), len(request.image.data))
+    if request.video is not None:
+        return max(video_bytes(request.video), len(request.video.data) + sum(map(len, request.video.frames)))
     if request.audio is not None:
         if request.audio.samples is not None:
             return len(request.audio.samples) * SAMPLE_BYTES
-        return max(wav_bytes(request.audio.wav), len(request.audio.wav))
+        return max(audio_file_bytes(request.audio.wav), len(request.audio.wav))
     return len(request.text) * 4
 
 
@@ -45,6 +48,16 @@ def image_bytes(data: bytes) -> int:
             return width * height * _MODE_BYTES.get(image.mode, 4)
     except Exception:  # anything unreadable is the preprocessor's to refuse, with its message
         return 0
+
+
+def video_bytes(video: VideoInput) -> int:
+    """A clip's stills' pixels (each as image_bytes), or a video file's declared frames x pixels x 3 (RGB);
+    0 if unreadable. Every frame is decoded whole before it is resized, so this is the work, not the memory."""
+    if video.frames:
+        return sum(map(image_bytes, video.frames))
+    from attnserve.server.inputs.video_files import declared_frame_bytes
+
+    return declared_frame_bytes(video.data)
 
 
 def audio_seconds(request: GenerationRequest) -> float:
@@ -63,12 +76,14 @@ def audio_seconds(request: GenerationRequest) -> float:
     return wav.frames / wav.sample_rate_hz if wav.sample_rate_hz > 0 else 0.0
 
 
-def wav_bytes(data: bytes) -> int:
-    """Samples (frames x channels) x SAMPLE_BYTES a WAV header declares; 0 if it cannot be read."""
-    from attnserve.server.inputs.audio import read_wav
+def audio_file_bytes(data: bytes) -> int:
+    """Samples a file's header declares x SAMPLE_BYTES: every channel of a WAV (read whole), one channel of
+    the compressed formats (decoded to mono block by block); 0 if it cannot be read."""
+    from attnserve.server.inputs import audio_files
 
     try:
-        wav = read_wav(data)
+        header = audio_files.probe(data)
     except Exception:
         return 0
-    return wav.frames * wav.channels * SAMPLE_BYTES
+    channels = header.channels if header.format == "wav" else 1
+    return header.frames * channels * SAMPLE_BYTES

@@ -25,7 +25,7 @@ from attnserve.server.inputs import preprocessing, preprocessors
 from attnserve.server.engine.batcher import Batcher, BatchingOptions
 from attnserve.server.engine.continuous import ContinuousLoop
 from attnserve.server.decoding.glossary import Glossary
-from attnserve.server.generation import GenerationRequest, GenerationResult, ModelInfo, StreamedToken
+from attnserve.api.generation import GenerationRequest, GenerationResult, ModelInfo, StreamedToken
 from attnserve.server.engine.model_handle import ModelHandle
 from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.model.repository import ModelVersion

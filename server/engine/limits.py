@@ -22,7 +22,7 @@ import dataclasses
 import threading
 from collections.abc import Iterator, Mapping
 
-from attnserve.server.generation import InputKind, InputTooLargeError, ModelInfo, OverloadedError
+from attnserve.api.generation import InputKind, InputTooLargeError, ModelInfo, OverloadedError
 
 # Room for the fields beside the input (model name, languages, request id, options) and their tags.
 HEADROOM_BYTES = 16 * 1024

@@ -35,9 +35,10 @@ from concurrent.futures import CancelledError, Future
 import numpy as np
 
 from attnserve.server.engine import limits
+from attnserve.server.engine.option_fields import bounded, check
 from attnserve.server.inputs import audio_files, segmentation
 from attnserve.server.inputs.audio import rate_ratio, resample
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AudioInput,
     FinishReason,
     GenerationRequest,
@@ -45,6 +46,7 @@ from attnserve.server.generation import (
     InputKind,
     InputTooLargeError,
     ModelInfo,
+    OverloadedError,
     Timings,
     TranscriptSegment,
     UnavailableError,
@@ -63,15 +65,18 @@ class LongFormOptions:
     # Largest accepted file, in bytes: an hour of 16 kHz 16-bit mono WAV (115.2 MB) fits.
     max_bytes: int = 128 * 2**20
     # Segments of one request submitted at once: they decode together as batch rows.
-    segments_in_flight: int = 8
+    segments_in_flight: int = bounded(8, least=1)
+    # Long recordings decoding or being transcribed at once, per model; more are RESOURCE_EXHAUSTED. Each
+    # holds its decoded samples until its last segment is done (an hour at 16 kHz: 230 MB), so this bounds
+    # the memory of concurrent uploads, which the request-bytes and decoded-bytes budgets free earlier.
+    max_recordings: int = bounded(4, least=1)
     # The WebRTC VAD's aggressiveness, 0..3 (server/inputs/segmentation.py); None = the energy detector.
     vad_aggressiveness: int | None = 2
     # How the recording is cut; its max_seconds is replaced by the model's window.
     segmentation: segmentation.SegmentationOptions = segmentation.SegmentationOptions(max_seconds=1.0)
 
     def __post_init__(self):
-        if self.segments_in_flight < 1:
-            raise ValueError(f"segments_in_flight must be at least 1, got {self.segments_in_flight}")
+        check(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +106,7 @@ class LongFormEngine:
                           if options.vad_aggressiveness is not None else segmentation.EnergyDetector())
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="longform")
         self._jobs: dict[Future, _Transcription] = {}
+        self._decoding = 0  # recordings being decoded, not yet in _jobs
         self._lock = threading.Lock()
         audio = dataclasses.replace(inner.audio, long_form_max_seconds=options.max_seconds,
                                     long_form_max_bytes=options.max_bytes, formats=audio_files.formats())
@@ -130,18 +136,33 @@ class LongFormEngine:
         audio = request.audio
         if audio is None or self._engine_reads(audio):
             return self._engine.submit(request, on_token, **keywords)
-        recording = self._decode(audio, request)
-        seconds = len(recording.samples) / recording.rate
-        samples = AudioInput(samples=recording.samples, sample_rate_hz=recording.rate)
-        if seconds <= self._window:
-            return self._engine.submit(dataclasses.replace(request, audio=samples), on_token, **keywords)
-        spans = segmentation.segment(recording.samples, recording.rate, self._cutting, self._detector)
-        job = _Transcription(self._engine, self._pool, request, recording, spans, on_token,
-                             self.options.segments_in_flight, self._forget)
-        with self._lock:
-            self._jobs[job.future] = job
+        self._reserve_recording()
+        try:
+            recording = self._decode(audio, request)
+            seconds = len(recording.samples) / recording.rate
+            if seconds <= self._window:
+                samples = AudioInput(samples=recording.samples, sample_rate_hz=recording.rate)
+                return self._engine.submit(dataclasses.replace(request, audio=samples), on_token, **keywords)
+            spans = segmentation.segment(recording.samples, recording.rate, self._cutting, self._detector)
+            job = _Transcription(self._engine, self._pool, request, recording, spans, on_token,
+                                 self.options.segments_in_flight, self._forget)
+            with self._lock:
+                self._jobs[job.future] = job
+        finally:
+            with self._lock:
+                self._decoding -= 1
         job.start()
         return job.future
+
+    def _reserve_recording(self) -> None:
+        """Counts one more recording being decoded, or refuses it when max_recordings are decoding or running."""
+        limit = self.options.max_recordings
+        with self._lock:
+            if self._decoding + len(self._jobs) >= limit:
+                raise OverloadedError(
+                    f"model '{self.info.name}' is transcribing {limit} long recordings, its most at once "
+                    f"(--max-long-form-recordings); retry later", reason="long_form_recordings")
+            self._decoding += 1
 
     def cancel(self, future: Future) -> None:
         with self._lock:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING
 
-from attnserve.server.generation import FinishReason, GenerationResult, ScoredSequence
+from attnserve.api.generation import FinishReason, GenerationResult, ScoredSequence
 from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.inputs.preprocessing import TextSource
 

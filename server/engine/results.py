@@ -25,7 +25,7 @@ from attnserve.server.attention.alignment import alignment_rows
 from attnserve.server.attention.attention import attention_matrix, combine_heads
 from attnserve.server.engine.batcher import WorkItem
 from attnserve.server.attention.explanation import explain
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionGranularity,
     GenerationResult,
     ScoredSequence,

@@ -14,9 +14,9 @@ import dataclasses
 import math
 import secrets
 
-from attnserve.server.generation import DecodingOptions, GenerationRequest, SamplingOptions, resolved_beam_size
+from attnserve.api.generation import DecodingOptions, GenerationRequest, SamplingOptions, resolved_beam_size
 from attnserve.server.decoding.glossary import Glossary
-from attnserve.server.language_detection import target_for
+from attnserve.api.language_detection import target_for
 from attnserve.server.model.manifest import Manifest
 from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.decoding.prompt import forced_start

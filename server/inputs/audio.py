@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnserve.server.inputs.features import frame_count, log_mel
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AudioInput,
     AudioInputInfo,
     GenerationRequest,

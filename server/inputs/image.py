@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     GenerationRequest,
     ImageInputInfo,
     InputKind,

@@ -27,7 +27,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from attnserve.server.generation import (
+from attnserve.api.generation import (
     AttentionMatrix,
     FrameAttention,
     GenerationRequest,

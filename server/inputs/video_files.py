@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from attnserve.server.generation import InputTooLargeError, VideoInput
+from attnserve.api.generation import InputTooLargeError, VideoInput
 from attnserve.server.inputs.image import decode as decode_image
 from attnserve.server.inputs.image import flatten, resize
 from attnserve.server.inputs.inputs import VideoInputSpec
@@ -117,6 +117,23 @@ def _read_file(data: bytes, spec: VideoInputSpec, model: str) -> DecodedClip:
             return _decode_frames(container, stream, spec, model, name)
     except av.FFmpegError as exc:
         raise ValueError(f"cannot read the {name} file: {exc}") from None
+
+
+def declared_frame_bytes(data: bytes) -> int:
+    """Frames x width x height x 3 a video file's header declares (count from its duration and rate where
+    the header has none); 0 if it cannot be read here. Opens the container, decodes nothing."""
+    try:
+        _, demuxer = _container(data)
+        import av
+
+        with av.open(io.BytesIO(data), format=demuxer) as container:
+            stream = container.streams.video[0]
+            frames = stream.frames
+            if not frames and container.duration:
+                frames = math.ceil(container.duration / 1e6 * _rate(stream))
+            return int(frames) * stream.codec_context.width * stream.codec_context.height * 3
+    except Exception:  # unreadable here: the preprocessor refuses it, with its message
+        return 0
 
 
 def _check_header(stream, container, spec: VideoInputSpec, model: str, name: str) -> None:

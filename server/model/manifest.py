@@ -126,7 +126,7 @@ class LanguageModelSpec:
     """A token n-gram LM for shallow fusion (server/decoding/ngram_lm.py): every candidate's score gains weight x its
     LM log-probability after the row's previous tokens."""
 
-    file: str  # in the version folder, written by export/ngram_build.py
+    file: str  # in the version folder, written by export/common/ngram_build.py
     weight: float = 0.3
 
 
