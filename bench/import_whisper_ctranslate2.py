@@ -67,7 +67,7 @@ def peak_rss_mb() -> float:
 def attnserve_run(repo: pathlib.Path, clips, max_new: int) -> dict:
     from attnserve.server.engine.batcher import BatchingOptions
     from attnserve.server.engine.registry import load_engine
-    from attnserve.server.generation import AudioInput, DecodingOptions, GenerationRequest
+    from attnserve.api.generation import AudioInput, DecodingOptions, GenerationRequest
     from attnserve.server.model.repository import find_models
     from attnserve.server.model.runtime import RuntimeOptions
 

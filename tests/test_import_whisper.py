@@ -24,7 +24,7 @@ from import_parity import graph_differences
 from attnserve.clients import cli
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
-from attnserve.server.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
+from attnserve.api.generation import AttentionOptions, AudioInput, DecodingOptions, GenerationRequest
 from attnserve.server.inputs.features import log_mel
 from attnserve.server.model.manifest import load_manifest
 from attnserve.server.model.repository import find_models
@@ -261,7 +261,7 @@ for name in ("torch", "transformers", "onnx"):
 sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
 import tiny_whisper
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.generation import AudioInput, DecodingOptions, GenerationRequest
+from attnserve.api.generation import AudioInput, DecodingOptions, GenerationRequest
 from attnserve.server.engine.registry import load_engine
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions

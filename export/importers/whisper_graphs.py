@@ -22,7 +22,7 @@ from torch import nn
 
 from attnserve.export.importers import seq2seq_graphs
 from attnserve.export.importers.seq2seq_graphs import merge_heads, project_kv, split_heads
-from attnserve.export.onnx_export import OPSET, kv_names
+from attnserve.export.common.onnx_graphs import kv_names, trace
 
 LAYOUT = seq2seq_graphs.Layout(pre_norm=True)
 
@@ -72,21 +72,20 @@ def export(model: nn.Module, out_dir: pathlib.Path) -> None:
     decoder = seq2seq_graphs.DecoderStepGraph(encoder.parts, heads).eval()
     b, t, s = 2, 3, cfg.max_source_positions  # unequal example sizes: a wrongly fixed axis shows in the tests
     cross = kv_names("present", "encoder", layers)
-    torch.onnx.export(
+    trace(
         encoder, (torch.randn(b, frames, cfg.num_mel_bins), torch.ones(b, frames, dtype=torch.int64)),
         str(out_dir / "encoder.onnx"), input_names=["input_features", "attention_mask"],
         output_names=["encoder_hidden_states", "encoder_attention_mask", *cross],
         dynamic_axes={"input_features": {0: "batch"}, "attention_mask": {0: "batch"},
                       "encoder_hidden_states": {0: "batch"}, "encoder_attention_mask": {0: "batch"},
                       **{n: {0: "batch"} for n in cross}},
-        opset_version=OPSET, dynamo=False, external_data=False,
     )
     past, past_cross = kv_names("past_key_values", "decoder", layers), kv_names("past_key_values", "encoder", layers)
     present = kv_names("present", "decoder", layers)
     step_inputs = (torch.randint(0, cfg.vocab_size, (b, 1)), torch.full((b, 1), t, dtype=torch.int64),
                    torch.ones(b, t + 1, dtype=torch.int64), torch.ones(b, s, dtype=torch.int64),
                    *[torch.randn(b, heads, t, d_head) for _ in past], *[torch.randn(b, heads, s, d_head) for _ in past_cross])
-    torch.onnx.export(
+    trace(
         decoder, step_inputs, str(out_dir / "decoder.onnx"),
         input_names=["input_ids", "position_ids", "decoder_attention_mask", "encoder_attention_mask", *past, *past_cross],
         output_names=["logits", *present, "cross_attentions"],
@@ -94,7 +93,6 @@ def export(model: nn.Module, out_dir: pathlib.Path) -> None:
                       "decoder_attention_mask": {0: "batch", 1: "past_plus_one"}, "encoder_attention_mask": {0: "batch"},
                       **{n: {0: "batch", 2: "past"} for n in past}, **{n: {0: "batch"} for n in past_cross},
                       "logits": {0: "batch"}, **{n: {0: "batch"} for n in present}, "cross_attentions": {0: "batch"}},
-        opset_version=OPSET, dynamo=False, external_data=False,
     )
     model.eval()  # torch.onnx.export leaves the modules in training mode
 

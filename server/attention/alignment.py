@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnserve.server.generation import WordTiming
+from attnserve.api.generation import WordTiming
 from attnserve.server.model.tokenization import Words
 
 
