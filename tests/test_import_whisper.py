@@ -318,3 +318,26 @@ def test_dtw_and_median_filter_equal_transformers_on_random_matrices():
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (rows, cols)
         x = rng.standard_normal((2, rows, cols)).astype(np.float32)
         assert np.array_equal(median_filter(x, 7), _median_filter(torch.from_numpy(x), 7).numpy())
+
+
+def test_a_large_v3_checkpoint_with_128_mels_and_100_languages_serves_as_generate(tmp_path):
+    """openai/whisper-large-v3's configs (tests/fixtures/hf/whisper-large-v3) at the tiny sizes: 128-mel
+    features == WhisperFeatureExtractor(feature_size=128), the <|yue|>-shifted prompt ids, served greedy ==
+    generate with the language detected among 100, on a padded batch."""
+    checkpoint = tiny_whisper.build(tmp_path / "v3", seed=1, fixture="whisper-large-v3")
+    assert cli.main(["import", str(checkpoint), "--name", "v3", "--repository", str(tmp_path / "repo")]) == 0
+    manifest = load_manifest(tmp_path / "repo" / "v3" / "1" / "manifest.json")
+    assert manifest.input.features.n_mels == 128 and len(manifest.decoder_prompt) == 100
+    clips, fe = CLIPS[:2], tiny_whisper.feature_extractor("whisper-large-v3")
+    features = torch.from_numpy(fe(clips, sampling_rate=16000, return_tensors="np").input_features)  # (B, 128, 3000)
+    assert max(float(np.abs(log_mel(c, manifest.input.features).T - f.numpy()).max()) for c, f in zip(clips, features)) < 1e-4
+    hf = tiny_whisper.transformers_model(checkpoint)
+    eos = json.loads((checkpoint / "config.json").read_text())["eos_token_id"]
+    engine = load_engine(find_models(tmp_path / "repo")["v3"], RuntimeOptions(), BatchingOptions())
+    try:
+        with torch.no_grad():  # the language detected among 100, then its prompt
+            out = hf.generate(features, task="transcribe", max_new_tokens=MAX_NEW, return_dict_in_generate=True)
+        futures = [engine.submit(dataclasses.replace(request(c, language=""), model="v3")) for c in clips]
+        assert [[t.id for t in f.result(120).tokens] for f in futures] == [tokens_of(r, eos) for r in out.sequences]
+    finally:
+        engine.close()

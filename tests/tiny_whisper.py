@@ -18,7 +18,6 @@ import random
 
 import tiny_marian
 
-FIXTURE = tiny_marian.FIXTURES / "whisper-tiny"
 PUBLISHED_TEXT = 50257  # GPT-2's text tokens; <|endoftext|> is the first special
 # Only these change from the published whisper-tiny (d_model 384, 4+4 layers, 6 heads, FFN 1536, 448 positions).
 SIZES = {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "num_hidden_layers": 2,
@@ -30,7 +29,6 @@ MAX_LENGTH = 64
 LOGIT_SCALE = 3.0
 TABLE_SCALE = 5.0
 TIMESTAMP_SCALE = 0.3
-TIMESTAMPS_FROM = 2 + 99 + 6  # <|0.00|>'s offset from <|endoftext|>
 FRONT_END_SCALE = 3.0
 POSITIONS_SCALE = 0.2
 EOS_PULL = 3.0  # the final norm's bias moved towards <|endoftext|>: some outputs end early
@@ -90,14 +88,16 @@ ID_KEYS = ("begin_suppress_tokens", "bos_token_id", "decoder_start_token_id", "e
            "forced_decoder_ids")
 
 
-def _configs(text: int, space: int, vocab_size: int, real_sizes: bool = False) -> tuple[dict, dict]:
-    config = json.loads((FIXTURE / "config.json").read_text())
-    generation = json.loads((FIXTURE / "generation_config.json").read_text())
+def _configs(fixture: pathlib.Path, text: int, space: int, vocab_size: int, real_sizes: bool = False) -> tuple[dict, dict]:
+    config = json.loads((fixture / "config.json").read_text())
+    generation = json.loads((fixture / "generation_config.json").read_text())
     for table in (config, generation):
         for key in ID_KEYS:
             if key in table and key != "forced_decoder_ids":
                 table[key] = _remap(table[key], text, space)
-        if "forced_decoder_ids" in table:  # [position, id or null] pairs: only the ids move
+        if table.get("pad_token_id", 0) is None:  # large-v3's 50256: the last text piece
+            table["pad_token_id"] = text - 1
+        if table.get("forced_decoder_ids"):  # [position, id or null] pairs: only the ids move
             table["forced_decoder_ids"] = [[p, None if i is None else _remap(i, text, space)]
                                            for p, i in table["forced_decoder_ids"]]
     if not real_sizes:
@@ -106,12 +106,13 @@ def _configs(text: int, space: int, vocab_size: int, real_sizes: bool = False) -
     return config, generation
 
 
-def build(folder: pathlib.Path, seed: int = 0, real_sizes: bool = False) -> pathlib.Path:
+def build(folder: pathlib.Path, seed: int = 0, real_sizes: bool = False, fixture: str = "whisper-tiny") -> pathlib.Path:
     """Writes the checkpoint folder and returns it.
 
     Args:
         real_sizes: whisper-tiny's published sizes and token ids (51,865 tokens: the text pieces filled up to
             50,257), for bench/import_whisper_ctranslate2.py.
+        fixture: the published configs to start from (tests/fixtures/hf/: whisper-tiny, whisper-large-v3).
     """
     import torch
     from safetensors.torch import save_file
@@ -119,24 +120,26 @@ def build(folder: pathlib.Path, seed: int = 0, real_sizes: bool = False) -> path
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     folder.mkdir(parents=True, exist_ok=True)
-    published = json.loads((FIXTURE / "generation_config.json").read_text())
+    configs = tiny_marian.FIXTURES / fixture
+    published = json.loads((configs / "generation_config.json").read_text())
     codes = [t[2:-2] for t in published["lang_to_id"]]
     text = _tokenizer(folder, codes, seed, PUBLISHED_TEXT if real_sizes else None)
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    config, generation = _configs(text, tok.token_to_id("Ġ"), tok.get_vocab_size(with_added_tokens=True), real_sizes)
+    config, generation = _configs(configs, text, tok.token_to_id("Ġ"), tok.get_vocab_size(with_added_tokens=True),
+                                  real_sizes)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
-    (folder / "preprocessor_config.json").write_text((FIXTURE / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text((configs / "preprocessor_config.json").read_text())
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(WhisperConfig.from_dict(config)).eval()
     with torch.no_grad():
-        _widen(model, config["eos_token_id"], text)
+        _widen(model, config["eos_token_id"], text + 2 + len(codes) + 6)  # <|0.00|>: after the specials
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k != "proj_out.weight"}
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
 
 
-def _widen(model, eos: int, text: int) -> None:
+def _widen(model, eos: int, first_timestamp: int) -> None:
     """Peaked attention over the frames (tiny_marian's widening) that depends on the audio (front end
     louder than the encoder's positions), logits of a few units, timestamp tokens rarer than text (as in a
     model trained with <|notimestamps|>), a pull towards EOS."""
@@ -153,14 +156,15 @@ def _widen(model, eos: int, text: int) -> None:
     # pad = eos: initialised as the embedding's zero padding row, which a trained checkpoint's is not.
     table[eos] = torch.randn(table.shape[1]) * table.std()
     table.mul_(TABLE_SCALE)
-    table[text + TIMESTAMPS_FROM:].mul_(TIMESTAMP_SCALE)
+    table[first_timestamp:].mul_(TIMESTAMP_SCALE)
     norm.bias.add_(EOS_PULL * table[eos] / table[eos].norm() ** 2)
 
 
 def transformers_model(folder: pathlib.Path):
+    import torch
     from transformers import WhisperForConditionalGeneration
 
-    return WhisperForConditionalGeneration.from_pretrained(str(folder), attn_implementation="eager",
+    return WhisperForConditionalGeneration.from_pretrained(str(folder), attn_implementation="eager", dtype=torch.float32,
                                                            local_files_only=True).eval()
 
 
@@ -170,10 +174,11 @@ def transformers_tokenizer(folder: pathlib.Path):
     return WhisperTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
-def feature_extractor():
+def feature_extractor(fixture: str = "whisper-tiny"):
     from transformers import WhisperFeatureExtractor
 
-    return WhisperFeatureExtractor(**{k: v for k, v in json.loads((FIXTURE / "preprocessor_config.json").read_text()).items()
+    configs = tiny_marian.FIXTURES / fixture
+    return WhisperFeatureExtractor(**{k: v for k, v in json.loads((configs / "preprocessor_config.json").read_text()).items()
                                       if k not in ("feature_extractor_type", "processor_class")})
 
 

@@ -120,7 +120,7 @@ def load_model(ckpt: Checkpoint):
     config = WhisperConfig.from_dict(ckpt.config)
     config._attn_implementation = "eager"
     model, _ = ckpt.load_into(WhisperForConditionalGeneration(config), {"proj_out.weight"})  # tied to embed_tokens
-    return model
+    return model.float()  # the graphs are float32 (large-v3 is published in float16; --variant fp16 exists)
 
 
 def write_tokenizer(ckpt: Checkpoint, out_dir: pathlib.Path) -> dict[str, int]:
