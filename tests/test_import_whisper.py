@@ -341,3 +341,11 @@ def test_a_large_v3_checkpoint_with_128_mels_and_100_languages_serves_as_generat
         assert [[t.id for t in f.result(120).tokens] for f in futures] == [tokens_of(r, eos) for r in out.sequences]
     finally:
         engine.close()
+
+
+def test_the_spoken_language_crosses_the_wire_for_speech_translation():
+    from attnserve.api import convert
+
+    sent = dataclasses.replace(request(CLIPS[0][:1600]), source_language="de")
+    assert convert.request_from_proto(convert.request_to_proto(sent)).source_language == "de"
+    assert not convert.request_to_proto(request(CLIPS[0][:1600])).audio.HasField("source_language")
