@@ -349,3 +349,30 @@ def test_the_spoken_language_crosses_the_wire_for_speech_translation():
     sent = dataclasses.replace(request(CLIPS[0][:1600]), source_language="de")
     assert convert.request_from_proto(convert.request_to_proto(sent)).source_language == "de"
     assert not convert.request_to_proto(request(CLIPS[0][:1600])).audio.HasField("source_language")
+
+
+@pytest.mark.parametrize("variant", ["int8", "fp16"])
+def test_lower_precision_variants_serve_and_their_agreement_with_float32_is_reported(repo, engine, variant, tmp_path):
+    from attnserve.export.common.quantize import quantize_folder
+
+    shutil.copytree(repo / NAME, tmp_path / NAME)
+    quantize_folder(tmp_path / NAME / "1", variant)
+    other = load_engine(find_models(tmp_path)[NAME], RuntimeOptions(variant=variant), BatchingOptions())
+    try:
+        assert other.info.variant == variant
+        fp32 = [[t.id for t in f.result(120).tokens] for f in [engine.submit(request(c)) for c in CLIPS]]
+        low = [[t.id for t in f.result(120).tokens] for f in [other.submit(request(c)) for c in CLIPS]]
+    finally:
+        other.close()
+    same = sum(a == b for a, b in zip(fp32, low))
+    prefix = sum(len(a[PROMPT:]) and a[PROMPT] == b[PROMPT] for a, b in zip(fp32, low))
+    print(f"Whisper {variant}: outputs equal to float32 on {same}/{len(CLIPS)} clips, first word on {prefix}")
+    assert all(a[:PROMPT] == b[:PROMPT] for a, b in zip(fp32, low))  # the forced prompt
+    assert same >= {"int8": 0.25, "fp16": 0.75}[variant] * len(CLIPS)
+
+
+def test_streamed_tokens_equal_the_unary_result(engine):
+    streamed = []
+    result = engine.submit(request(CLIPS[2]), on_token=streamed.append).result(120)
+    assert [s.token.id for s in streamed] == [t.id for t in result.tokens]
+    assert "".join(s.text for s in streamed).strip() == result.text
