@@ -56,9 +56,9 @@ class WhisperEncoderGraph(nn.Module):
 
 def _unmasked_attention(attn: nn.Module, x: torch.Tensor, heads: int) -> torch.Tensor:
     """Self-attention of x (B, T, D) over every position: Whisper masks no frame, so the graph spends no
-    masking op on the (B, H, 1500, 1500) scores."""
-    q, (k, v) = split_heads(attn.q_proj(x), heads), project_kv(attn, x, heads)  # (B, H, T, Dh) each
-    weights = (torch.matmul(q, k.transpose(2, 3)) * attn.scaling).softmax(dim=-1)
+    masking op on the (B, H, 1500, 1500) scores, and the scaling goes on the queries, 23 times smaller."""
+    q, (k, v) = split_heads(attn.q_proj(x) * attn.scaling, heads), project_kv(attn, x, heads)  # (B, H, T, Dh)
+    weights = torch.matmul(q, k.transpose(2, 3)).softmax(dim=-1)  # (B, H, T, T)
     return attn.out_proj(merge_heads(torch.matmul(weights, v)))
 
 
