@@ -376,3 +376,32 @@ def test_streamed_tokens_equal_the_unary_result(engine):
     result = engine.submit(request(CLIPS[2]), on_token=streamed.append).result(120)
     assert [s.token.id for s in streamed] == [t.id for t in result.tokens]
     assert "".join(s.text for s in streamed).strip() == result.text
+
+
+def test_transcribe_over_grpc_translates_detects_and_times_words(repo, engine, tmp_path, capsys):
+    import wave
+
+    from attnserve.server.edge import app
+
+    pcm = np.clip(CLIPS[3] * 32768, -32768, 32767).astype("<i2")
+    path = tmp_path / "clip.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000), w.writeframes(pcm.tobytes())
+    samples = (pcm.astype(np.float32) / 32768).tolist()
+    engines = app.load_engines(app.ServeOptions(models=str(repo)))
+    outputs = []
+    try:
+        with app.BackgroundServer(engines) as background:
+            for flags in (["--from", "de", "--to", "en"], []):
+                status = cli.main(["transcribe", str(path), "--model", NAME, "--json", "--address", background.address,
+                                   *flags])
+                assert status in (0, None)
+                outputs.append(json.loads(capsys.readouterr().out))
+    finally:
+        for e in engines.values():
+            e.close()
+    for out, (source, target) in zip(outputs, [("de", "en"), ("", "")]):
+        want = engine.generate(GenerationRequest(NAME, "", target, DecodingOptions(0, 1), source_language=source,
+                                                 audio=AudioInput(samples=samples, sample_rate_hz=16000)))
+        assert [t["id"] for t in out["tokens"]] == [t.id for t in want.tokens]
+        assert out["target_language"] == want.target_language and out["words"]
