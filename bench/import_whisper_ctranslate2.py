@@ -3,6 +3,8 @@ same checkpoint: a ratio measured side by side, in one run.
 
     .venv/bin/pip install -e '.[cpu,export,bench]'
     .venv/bin/python bench/import_whisper_ctranslate2.py --work /work/data/whisper-bench [--clips 16 --max-new 24]
+    .venv/bin/python bench/import_whisper_ctranslate2.py --work /work/data/whisper-base-bench --size base \
+        --out bench/results/import_whisper_base_ctranslate2.json
 
 The checkpoint has openai/whisper-tiny's published config.json, generation_config.json and
 preprocessor_config.json and real sizes (d_model 384, 4+4 layers, 6 heads, FFN 1536, 51,865 tokens, the 30 s
@@ -33,14 +35,14 @@ NAME = "whisper-tiny-random"
 PROMPT = 3  # <|en|> <|transcribe|> <|notimestamps|> after <|startoftranscript|>
 
 
-def prepare(work: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path, dict]:
+def prepare(work: pathlib.Path, size: str = "tiny") -> tuple[pathlib.Path, pathlib.Path, pathlib.Path, dict]:
     """Builds, imports and converts the checkpoint once (kept under --work); returns the folders and times."""
     import tiny_whisper
 
     checkpoint, repo, ct2 = work / "checkpoint", work / "repository", work / "ctranslate2"
     times = {}
     if not (checkpoint / "model.safetensors").is_file():
-        tiny_whisper.build(checkpoint, real_sizes=True)
+        tiny_whisper.build(checkpoint, real_sizes=True if size == "tiny" else size)
     if not (repo / NAME / "1" / "manifest.json").is_file():
         from attnserve.export.importers.command import import_checkpoint
 
@@ -136,6 +138,8 @@ def main() -> None:
     parser.add_argument("--work", type=pathlib.Path, required=True, help="folder for the checkpoint and conversions")
     parser.add_argument("--clips", type=int, default=16)
     parser.add_argument("--max-new", type=int, default=24, help="tokens after the prompt, both sides")
+    parser.add_argument("--size", choices=("tiny", "base"), default="tiny",
+                        help="whisper-tiny's or whisper-base's published sizes (use one --work folder per size)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/import_whisper_ctranslate2.json"))
     parser.add_argument("--attnserve-only", action="store_true", help=argparse.SUPPRESS)  # the child side
     args = parser.parse_args()
@@ -148,7 +152,7 @@ def main() -> None:
         return
 
     args.work.mkdir(parents=True, exist_ok=True)
-    _, repo, ct2, times = prepare(args.work)
+    _, repo, ct2, times = prepare(args.work, args.size)
     manifest = json.loads((repo / NAME / "1" / "manifest.json").read_text())
     prompt = [manifest["decoder_start"]["en"], *manifest["decoder_prompt"]["en"]]
     clips = tiny_whisper.clips(args.clips, seed=11)
@@ -158,7 +162,7 @@ def main() -> None:
     equal = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
     generated = sum(len(t) for t in ours["tokens"])
     report = {
-        "clips": args.clips, "max_new_tokens": args.max_new, "outputs_identical": f"{equal}/{args.clips}",
+        "size": args.size, "clips": args.clips, "max_new_tokens": args.max_new, "outputs_identical": f"{equal}/{args.clips}",
         "generated_tokens": generated,
         "attnserve": {"seconds": ours["seconds"], "clips_per_s": args.clips / ours["seconds"],
                       "tokens_per_s": generated / ours["seconds"], "load_s": ours["load_s"], "words_timed": ours["words"],

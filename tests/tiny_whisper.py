@@ -106,12 +106,18 @@ def _configs(fixture: pathlib.Path, text: int, space: int, vocab_size: int, real
     return config, generation
 
 
-def build(folder: pathlib.Path, seed: int = 0, real_sizes: bool = False, fixture: str = "whisper-tiny") -> pathlib.Path:
+# openai/whisper-base's published sizes and alignment heads, for the benchmark (`real_sizes="base"`).
+BASE = {"d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "num_hidden_layers": 6, "encoder_attention_heads": 8,
+        "decoder_attention_heads": 8, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048}
+BASE_ALIGNMENT_HEADS = [[3, 1], [4, 2], [4, 3], [4, 7], [5, 1], [5, 2], [5, 4], [5, 6]]
+
+
+def build(folder: pathlib.Path, seed: int = 0, real_sizes: bool | str = False, fixture: str = "whisper-tiny") -> pathlib.Path:
     """Writes the checkpoint folder and returns it.
 
     Args:
         real_sizes: whisper-tiny's published sizes and token ids (51,865 tokens: the text pieces filled up to
-            50,257), for bench/import_whisper_ctranslate2.py.
+            50,257), for bench/import_whisper_ctranslate2.py; "base": whisper-base's sizes.
         fixture: the published configs to start from (tests/fixtures/hf/: whisper-tiny, whisper-large-v3).
     """
     import torch
@@ -127,6 +133,9 @@ def build(folder: pathlib.Path, seed: int = 0, real_sizes: bool = False, fixture
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     config, generation = _configs(configs, text, tok.token_to_id("Ġ"), tok.get_vocab_size(with_added_tokens=True),
                                   real_sizes)
+    if real_sizes == "base":
+        config.update(BASE)
+        generation.update(alignment_heads=BASE_ALIGNMENT_HEADS)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
     (folder / "preprocessor_config.json").write_text((configs / "preprocessor_config.json").read_text())
