@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/device_transfers.py --clients 32 --sentences 128 --out device_transfers.json
 
-What IO binding (server/decoding/device_state.py) is for is the transfer volume on a GPU; the volume itself does not
+What IO binding (server/model/device_state.py) is for is the transfer volume on a GPU; the volume itself does not
 depend on the device, so this runs on the CPU provider with `io_binding=True` and counts both sides of the
 same run: every decoder step's feeds (what the CUDA provider copies in at every step without IO binding)
 and what the bound path copied in (whole tensors when a batch is gathered afresh or its cache reallocated,

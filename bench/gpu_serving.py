@@ -6,7 +6,7 @@ same tokens, and tokens/s at batch 1, 32 and 128.
 
 Every device serves the same model version through `load_engine`, as `attnserve serve --device` does (one
 intra-op thread on the CPU). A device is `cpu` or `cuda`, with IO binding as `--io-binding auto` has it (on
-for cuda: encoder K/V and K/V cache stay on the GPU between steps, server/decoding/device_state.py), or suffixed
+for cuda: encoder K/V and K/V cache stay on the GPU between steps, server/model/device_state.py), or suffixed
 `-bound` (on) or `-host` (off: every input copied in at every step). Parity: `--sentences` test-split
 sentences in each direction, greedy, each device's output text compared with the first device's. A device
 that fails is reported with its error, and the others still run.

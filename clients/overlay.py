@@ -1,7 +1,8 @@
 """Per-word attention heatmaps over the captioned image, drawn with Pillow: one labelled panel per word.
 
 An image model's attention columns are grid cells labelled "r<row>c<col>:x0,y0,x1,y1" with their pixel box
-in the model's input (server/inputs/image.py). The server squeezed the whole image into that input, so a box maps
+in the model's input (server/inputs/image.py), after any named columns that stand for no cell (a ViT's "cls",
+left out of the panels). The server squeezed the whole image into that input, so a box maps
 back onto the original by scaling each axis by the original's size over the input's (the input's size is
 the largest x1 and y1). Each panel shows the original with the word's attention as a heatmap (weights over
 the row's largest, bilinearly smoothed between cell centres, drawn as a translucent warm colour) and the
@@ -17,6 +18,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from attnserve.api.generation import AttentionMatrix
+from attnserve.clients import columns as columns_of
 
 _CELL = re.compile(r"^r(\d+)c(\d+):(\d+),(\d+),(\d+),(\d+)$")
 # Heat colour stops (weight -> RGB): dark red, red, orange, yellow.
@@ -69,7 +71,8 @@ def render(image_data: bytes, attention: AttentionMatrix, panel: int = 256, colu
         panel: the longer side of each panel's image, in pixels.
         columns: panels per line.
     """
-    rows, cols, (width, height), boxes = parse_cells(attention.col_labels)
+    first = columns_of.leading_columns(attention.col_labels)  # a ViT's "cls" column: no cell to draw
+    rows, cols, (width, height), boxes = parse_cells(attention.col_labels[first:])
     original = ImageOps.exif_transpose(Image.open(io.BytesIO(image_data))).convert("RGB")
     scale = panel / max(original.size)
     shown = original.resize((max(1, round(original.width * scale)), max(1, round(original.height * scale))),
@@ -77,7 +80,8 @@ def render(image_data: bytes, attention: AttentionMatrix, panel: int = 256, colu
     sx, sy = shown.width / width, shown.height / height  # model-input pixels -> panel pixels
     font = ImageFont.load_default(size=max(12, panel // 14))
     label_h = round(font.size * 1.6)
-    weights = np.asarray(attention.weights, dtype=np.float32).reshape(len(attention.row_labels), rows * cols)
+    shape = (len(attention.row_labels), len(attention.col_labels))
+    weights = np.asarray(attention.weights, dtype=np.float32).reshape(shape)[:, first:]
     lines = -(-len(weights) // columns)
     sheet = Image.new("RGB", (columns * (shown.width + 8) + 8, lines * (shown.height + label_h + 8) + 8), "white")
     for k, (word, row) in enumerate(zip(attention.row_labels, weights)):

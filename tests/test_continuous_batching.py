@@ -139,7 +139,7 @@ def architecture(kind, repos, runtime=RuntimeOptions(), options=CONTINUOUS):
     return (*engines(repo, name, options, runtime), lambda i, **kw: text(name, i, **kw))
 
 
-# How the continuous engine feeds its decoder: host arrays at every step, or IO binding (server/decoding/device_state.py,
+# How the continuous engine feeds its decoder: host arrays at every step, or IO binding (server/model/device_state.py,
 # the CUDA default) keeping the encoder K/V and K/V cache in device copies, here on the CPU provider.
 FEEDS = {"host feeds": RuntimeOptions(), "io binding": RuntimeOptions(io_binding=True)}
 

@@ -1,4 +1,4 @@
-"""Decoder inputs kept on the device between steps (IO binding, server/decoding/device_state.py), run on the CPU.
+"""Decoder inputs kept on the device between steps (IO binding, server/model/device_state.py), run on the CPU.
 
 On the CPU provider the "device" is host memory, but every device copy is still a copy of its own, so a copy
 the runtime failed to refresh would show. The decisive comparison: an engine with IO binding, under
@@ -21,7 +21,7 @@ import pytest
 from attnserve.export.common import server_graphs
 from attnserve.api import convert
 from attnserve.server.decoding import kv_cache
-from attnserve.server.decoding.device_state import DeviceState
+from attnserve.server.model.device_state import DeviceState
 from attnserve.server.decoding.slots import Slots
 from attnserve.server.edge import app
 from attnserve.server.edge.serve_options import ServeOptions

@@ -15,14 +15,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import shutil
 
 import numpy as np
 import pytest
 
 import tiny_marian
 import tiny_nllb
-from import_parity import graph_differences
+from import_parity import assert_import_refused, edit_json, forward_with_attention, graph_differences, imported, serving
 from attnserve.clients import cli
 from attnserve.api import convert
 from attnserve.server.engine.batcher import BatchingOptions
@@ -49,9 +48,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def repo(checkpoint, tmp_path_factory):
-    repository = tmp_path_factory.mktemp("imported")
-    assert cli.main(["import", str(checkpoint), "--name", NAME, "--repository", str(repository)]) == 0
-    return repository
+    return imported(checkpoint, tmp_path_factory.mktemp("imported"), NAME)
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +58,7 @@ def hf(checkpoint):
 
 @pytest.fixture(scope="module")
 def engine(repo):
-    engine = load_engine(find_models(repo)[NAME], RuntimeOptions(), BatchingOptions())
-    yield engine
-    engine.close()
+    yield from serving(repo, NAME)
 
 
 def generate(hf, texts, target=TARGET, **options):
@@ -88,8 +83,7 @@ def request(text, beam=1, source=SOURCE, target=TARGET, **attention) -> Generati
 
 
 def forward_of(hf, batch, sequences):
-    with torch.no_grad():
-        return hf[0](**batch, decoder_input_ids=sequences, output_attentions=True)
+    return forward_with_attention(hf[0], batch, sequences)
 
 
 def test_the_widened_random_weights_attend_peakedly_and_outputs_vary(hf):
@@ -201,8 +195,7 @@ def test_tokenizer_json_equals_nllb_tokenizer_on_1200_lines_each_way(engine, hf,
 
 
 def test_m2m100_418m_config_graphs_equal_the_eager_model(tmp_path):
-    """The m2m100_418M config (sizes changed): the same graphs; its folder (vocab.json + spm, no
-    tokenizer.json) and its early_stopping are refused by name."""
+    """The m2m100_418M config (sizes changed): the same graphs."""
     from transformers import M2M100Config, M2M100ForConditionalGeneration
 
     from attnserve.export.importers import seq2seq_graphs
@@ -236,23 +229,13 @@ def test_m2m100_418m_config_graphs_equal_the_eager_model(tmp_path):
 
 @pytest.mark.parametrize("breakage, message", [
     (lambda d: (d / "tokenizer.json").unlink(), "missing file tokenizer.json"),  # and no vocab.json either
-    (lambda d: _edit(d / "generation_config.json", early_stopping=True), "early_stopping=True is not supported"),
-    (lambda d: _edit(d / "config.json", layernorm_embedding=True), "key 'layernorm_embedding' is not handled"),
-    (lambda d: _edit(d / "tokenizer_config.json", legacy_behaviour=True), "legacy_behaviour=True is not supported"),
+    (lambda d: edit_json(d / "generation_config.json", num_beams=4, early_stopping="never"),
+     "early_stopping='never' is not supported"),
+    (lambda d: edit_json(d / "config.json", layernorm_embedding=True), "key 'layernorm_embedding' is not handled"),
+    (lambda d: edit_json(d / "tokenizer_config.json", legacy_behaviour=True), "legacy_behaviour=True is not supported"),
 ])
 def test_what_the_importer_cannot_map_is_refused_by_name(checkpoint, tmp_path, capsys, breakage, message):
-    broken = tmp_path / "broken"
-    shutil.copytree(checkpoint, broken)
-    breakage(broken)
-    assert cli.main(["import", str(broken), "--name", "x", "--repository", str(tmp_path / "repo")]) == 1
-    assert message in capsys.readouterr().err
-    assert not (tmp_path / "repo" / "x" / "1").exists()
-
-
-def _edit(path, **changes):
-    data = json.loads(path.read_text())
-    data.update(changes)
-    path.write_text(json.dumps(data))
+    assert_import_refused(checkpoint, tmp_path, capsys, breakage, message)
 
 
 def test_translate_from_and_to_over_grpc_reach_the_model(repo, engine, capsys):
@@ -284,17 +267,27 @@ def m2m100(tmp_path_factory):
 
 
 def test_m2m100_served_greedy_and_beam_equal_generate(m2m100):
+    """Beams: the published generation_config's num_beams 5 with early_stopping true, the manifest's
+    default (requests name no beam_size), == generate with the checkpoint's own generation settings."""
     engine, (model, tok) = m2m100
     assert engine.info.source_languages[0] == "en" and len(engine.info.target_languages) == 100
+    assert engine.manifest.decoding.early_stopping and engine.info.default_beam_size == 5
     batch = tok(TEXTS, return_tensors="pt", padding=True)
-    for beams in (1, 5):  # 5: the checkpoint's num_beams, the manifest's default
+    late = None
+    for beams in (1, 0):  # 0: the manifest's default
         with torch.no_grad():
-            out = model.generate(**batch, max_new_tokens=MAX_NEW, num_beams=beams,
-                                 forced_bos_token_id=tok.get_lang_id("fr"))
+            out = model.generate(**batch, max_new_tokens=MAX_NEW, forced_bos_token_id=tok.get_lang_id("fr"),
+                                 **({"num_beams": beams} if beams else {}))
+            if beams == 0:
+                late = model.generate(**batch, max_new_tokens=MAX_NEW, early_stopping=False,
+                                      forced_bos_token_id=tok.get_lang_id("fr"))
         wire = [GenerationRequest("m2m", t, "fr", DecodingOptions(MAX_NEW, beams), source_language="zh") for t in TEXTS]
         results = [f.result(120) for f in [engine.submit(r) for r in wire]]
         assert [[t.id for t in r.tokens] for r in results] == [tokens_of(row) for row in out]
         assert [[t.id for t in r.source_tokens] for r in results] == [tok(t).input_ids for t in TEXTS]
+    differ = sum(tokens_of(a) != tokens_of(b) for a, b in zip(out, late))
+    print(f"M2M100 beam 5: early_stopping true and false differ on {differ}/{len(TEXTS)} sentences")
+    assert differ > 0  # so the comparison above tells the two stopping rules apart
 
 
 def test_m2m100_tokenizer_equals_m2m100_tokenizer_on_1200_lines_each_way(m2m100):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tiny_marian
-from import_parity import graph_differences
+from import_parity import graph_differences, tokens_served_without_torch
 from attnserve.clients import cli
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
@@ -307,28 +307,9 @@ def test_compare_shows_the_imported_model_beside_a_bundled_style_translator(repo
 
 
 def test_the_imported_model_serves_without_torch_transformers_or_sentencepiece(repo, engine):
-    import subprocess
-    import sys
-
-    script = f"""
-import sys
-for name in ("torch", "transformers", "sentencepiece", "onnx"):
-    sys.modules[name] = None  # importing any of them now raises ImportError
-from attnserve.clients import cli
-cli._parser()  # `attnserve import` is listed; its importer is not loaded
-from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.engine.registry import load_engine
-from attnserve.api.generation import DecodingOptions, GenerationRequest
-from attnserve.server.model.repository import find_models
-from attnserve.server.model.runtime import RuntimeOptions
-engine = load_engine(find_models({str(repo)!r})[{NAME!r}], RuntimeOptions(), BatchingOptions())
-result = engine.generate(GenerationRequest({NAME!r}, {TEXTS[0]!r}, "", DecodingOptions({MAX_NEW}, 1)))
-engine.close()
-print(" ".join(str(t.id) for t in result.tokens))
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [str(t.id) for t in engine.generate(request(TEXTS[0])).tokens]
+    request_code = f"GenerationRequest({NAME!r}, {TEXTS[0]!r}, '', DecodingOptions({MAX_NEW}, 1))"
+    served = tokens_served_without_torch(repo, NAME, request_code)
+    assert served == [t.id for t in engine.generate(request(TEXTS[0])).tokens]
 
 
 def _untie_without_lm_head(folder):

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import tiny_whisper
-from import_parity import graph_differences
+from import_parity import step_differences
 from attnserve.clients import cli
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
@@ -115,9 +115,9 @@ def test_graphs_equal_the_eager_model_at_every_step_layer_and_head(repo, greedy)
     frames = features_of(CLIPS[:4]).transpose(1, 2).numpy()  # (B, T, M) as the server feeds them
     mask = np.ones(frames.shape[:2], np.int64)
     sequences = out.sequences[:4].numpy()
-    worst_lp, worst_attention = graph_differences(
-        repo / NAME / "1", sequences, mask[:, ::2], sequences, torch.log_softmax(forward.logits[:4], -1).numpy(),
-        torch.stack(forward.cross_attentions, 1)[:4].numpy(), encoder_feeds={"input_features": frames, "attention_mask": mask})
+    worst_lp, worst_attention = step_differences(
+        repo / NAME / "1", {"input_features": frames, "attention_mask": mask}, sequences,
+        torch.log_softmax(forward.logits[:4], -1).numpy(), torch.stack(forward.cross_attentions, 1)[:4].numpy())
     print(f"Whisper graphs vs eager: max |log-prob diff| {worst_lp:.2e}, max |attention diff| {worst_attention:.2e}")
     assert worst_lp < ATOL and worst_attention < ATOL
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.engine.option_fields import bounded, check, mirror
+from attnserve.server.model.option_fields import bounded, check, mirror
 from attnserve.server.model.runtime_options import RuntimeOptions
 from attnserve.server.engine.scheduler import SchedulingOptions
 from attnserve.server.edge.serve_options import ServeOptions

@@ -61,12 +61,10 @@ def build(folder: pathlib.Path, seed: int = 0, m2m100: bool = False) -> pathlib.
     """Writes the checkpoint folder and returns it.
 
     Args:
-        m2m100: facebook/m2m100_418M's configs and M2M100's own tokenizer files instead (its
-            `early_stopping: true` set false: the server's beam search does not stop early, and the
-            importer refuses it).
+        m2m100: facebook/m2m100_418M's configs (num_beams 5, early_stopping true, as published) and
+            M2M100's own tokenizer files instead.
     """
     import torch
-    from safetensors.torch import save_file
     from tokenizers import Tokenizer
     from transformers import M2M100Config, M2M100ForConditionalGeneration
 
@@ -82,21 +80,34 @@ def build(folder: pathlib.Path, seed: int = 0, m2m100: bool = False) -> pathlib.
         _tokenizer_json(spm, folder, tokenizer_config["additional_special_tokens"])
         (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
         vocab_size = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
-    config = json.loads((fixture / "config.json").read_text())
-    config.update(SIZES, vocab_size=vocab_size, max_length=MAX_LENGTH, **({"early_stopping": False} if m2m100 else {}))
-    generation = json.loads((fixture / "generation_config.json").read_text())
-    generation.update(max_length=MAX_LENGTH, **({"early_stopping": False} if m2m100 else {}))
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    config = write_configs(fixture, folder, vocab_size)
     torch.manual_seed(seed)
     model = M2M100ForConditionalGeneration(M2M100Config.from_dict(config)).eval()
     with torch.no_grad():
         _widen(model, config["eos_token_id"])
-    # As transformers saves it: the shared table once (encoder/decoder embeddings and lm_head are tied).
-    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()
-             if k not in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")}
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_tied(model, folder)
     return folder
+
+
+def write_configs(fixture: pathlib.Path, folder: pathlib.Path, vocab_size: int) -> dict:
+    """The fixture's config.json and generation_config.json with the tiny sizes; returns the config."""
+    config = json.loads((fixture / "config.json").read_text())
+    config.update(SIZES, vocab_size=vocab_size, max_length=MAX_LENGTH)
+    generation = json.loads((fixture / "generation_config.json").read_text())
+    generation.update(max_length=MAX_LENGTH)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    return config
+
+
+def save_tied(model, folder: pathlib.Path) -> None:
+    """model.safetensors as transformers saves a tied BART-family model: the shared table once (the
+    encoder/decoder embeddings and lm_head are tied to it)."""
+    from safetensors.torch import save_file
+
+    tied = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k not in tied}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _widen(model, eos: int) -> None:

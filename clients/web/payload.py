@@ -61,7 +61,8 @@ def _columns(labels: list[str]) -> dict:
         return {"kind": "frames", "times": frames[0], "boxes": [list(c.box) for c in frames[1]]}
     cells = columns.grid_cells(labels)
     if cells is not None:
-        return {"kind": "grid", "boxes": [list(c.box) for c in cells]}
+        first = columns.leading_columns(labels)  # the column of the first cell: 1 after a ViT's "cls" column
+        return {"kind": "grid", "boxes": [list(c.box) for c in cells], **({"first": first} if first else {})}
     return {"kind": "text"}
 
 

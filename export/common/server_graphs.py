@@ -5,17 +5,17 @@
 - server/decoding/log_softmax.onnx: LogSoftmax over the last axis of a (rows, vocabulary) float32 tensor. The decode
   loop turns each step's scores into log-probabilities with it (server/decoding/log_softmax.py): ONNX Runtime's kernel
   is vectorised where numpy's float32 `exp` is not.
-- server/decoding/cache_append.onnx: `updated = Where(slot, new, past)`, a step's new slot written into an
-  appended-state buffer kept on the device (server/decoding/device_state.py). `new` is the slot (length 1 on the time
+- server/model/cache_append.onnx: `updated = Where(slot, new, past)`, a step's new slot written into an
+  appended-state buffer kept on the device (server/model/device_state.py). `new` is the slot (length 1 on the time
   axis), `slot` a boolean of the buffer's rank, True at the slot written and length 1 on every other axis;
   broadcasting does the rest, for any rank and time axis.
-- server/decoding/grow_cache.onnx: `Pad(Slice(past, cut, used), spare)` along the time axis: stacked cache buffers
+- server/model/grow_cache.onnx: `Pad(Slice(past, cut, used), spare)` along the time axis: stacked cache buffers
   kept on the device reallocated as the host's are (leading slots no row attends cut, spare slots added).
-- server/decoding/copy_rows.onnx: `ScatterND(data, targets, GatherND(data, sources))`: rows of tensors stacked on the
+- server/model/copy_rows.onnx: `ScatterND(data, targets, GatherND(data, sources))`: rows of tensors stacked on the
   device copied into others there (beams kept twice, rows moved into free slots), (tensor, row) pairs.
-- server/decoding/write_rows.onnx: `updated = ScatterND(data, rows, values)`: rows of tensors stacked on the device
+- server/model/write_rows.onnx: `updated = ScatterND(data, rows, values)`: rows of tensors stacked on the device
   (`rows` holds (tensor, row) pairs) rewritten from the host (rows joining a batch, beams copied:
-  server/decoding/device_state.py).
+  server/model/device_state.py).
 
 Serving needs no `onnx` package, so the graphs are committed.
 """
@@ -28,7 +28,7 @@ import pathlib
 import onnx
 from onnx import TensorProto, helper
 
-SERVER = pathlib.Path(__file__).resolve().parents[2] / "server" / "decoding"
+SERVER = pathlib.Path(__file__).resolve().parents[2] / "server"
 
 
 def log_softmax() -> onnx.ModelProto:
@@ -85,9 +85,9 @@ def copy_rows() -> onnx.ModelProto:
     )
 
 
-# File name under server/decoding/ -> the function that builds it.
-GRAPHS = {"log_softmax.onnx": log_softmax, "cache_append.onnx": cache_append, "write_rows.onnx": write_rows,
-          "grow_cache.onnx": grow_cache, "copy_rows.onnx": copy_rows}
+# File under server/ -> the function that builds it.
+GRAPHS = {"decoding/log_softmax.onnx": log_softmax, "model/cache_append.onnx": cache_append,
+          "model/write_rows.onnx": write_rows, "model/grow_cache.onnx": grow_cache, "model/copy_rows.onnx": copy_rows}
 
 
 def _model(name: str, nodes: list[onnx.NodeProto], inputs: list, outputs: list) -> onnx.ModelProto:
@@ -99,7 +99,7 @@ def _model(name: str, nodes: list[onnx.NodeProto], inputs: list, outputs: list) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=pathlib.Path, default=SERVER, help="folder to write them to")
+    parser.add_argument("--out", type=pathlib.Path, default=SERVER, help="server/ folder to write them under")
     args = parser.parse_args()
     for name, build in GRAPHS.items():
         (args.out / name).write_bytes(build().SerializeToString())

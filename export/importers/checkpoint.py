@@ -142,19 +142,22 @@ class Checkpoint:
                                      f"(the server decodes with {defaults[key]!r})")
             elif key not in handled:
                 raise ValueError(f"{self.folder}/generation_config.json: key {key!r} is not handled by the importer")
+        decoding_fields(generation)  # refuses an early_stopping the search lacks before any graph is written
         return generation
 
-    def load_into(self, model, derived: Iterable[str]):
+    def load_into(self, model, derived: Iterable[str], stale: tuple[str, ...] = ()):
         """Loads the weights into `model` (a transformers model built from config.json); returns it in eval
         mode and the state dict.
 
         Args:
             derived: parameter names transformers does not save (static tables, tied weights).
+            stale: name endings of tensors older transformers saved and today's computes instead (GPT-2's
+                causal-mask buffers `attn.bias`, `attn.masked_bias`); left out of the load.
 
         Raises:
             ValueError: the weights do not fit config.json (unexpected or missing tensors).
         """
-        state = self.state_dict()
+        state = {k: v for k, v in self.state_dict().items() if not k.endswith(stale)}  # endswith(()) is False
         result = model.load_state_dict(state, strict=False)
         missing = sorted(set(result.missing_keys) - set(derived))
         if result.unexpected_keys or missing:
@@ -166,6 +169,22 @@ class Checkpoint:
         """SHA-256 of every file of the folder (config, weights, tokenizer files), for the model card."""
         files = sorted(p for p in self.folder.iterdir() if p.is_file())
         return {p.name: _sha256(p) for p in files}
+
+
+def decoding_fields(generation: Mapping[str, object]) -> dict:
+    """The manifest's `decoding` section from generation settings: `num_beams` -> beam_size and
+    `early_stopping` (True: stop once num_beams sequences are finished) -> early_stopping; {} for greedy.
+
+    Raises:
+        ValueError: early_stopping "never" (or another non-boolean), which the server's search lacks.
+    """
+    beams, early = generation.get("num_beams", 1), generation.get("early_stopping", False)
+    if not isinstance(early, bool):
+        raise ValueError(f"generation_config.json: early_stopping={early!r} is not supported "
+                         f"(the server stops beams with true or false)")
+    if beams <= 1:
+        return {}
+    return {"decoding": {"beam_size": beams, **({"early_stopping": True} if early else {})}}
 
 
 def _sha256(path: pathlib.Path) -> str:

@@ -29,7 +29,7 @@ import re
 from tokenizers import Tokenizer
 
 from attnserve.export.importers import seq2seq_graphs
-from attnserve.export.importers.checkpoint import Checkpoint
+from attnserve.export.importers.checkpoint import Checkpoint, decoding_fields
 
 ARCHITECTURE = "M2M100ForConditionalGeneration"
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "swish", "silu")
@@ -40,10 +40,10 @@ HANDLED_KEYS = frozenset({
 })
 GENERATION_HANDLED = frozenset({
     "bos_token_id", "decoder_start_token_id", "eos_token_id", "pad_token_id", "max_length", "num_beams",
-    "forced_bos_token_id", "transformers_version", "_from_model_config",
+    "forced_bos_token_id", "early_stopping", "transformers_version", "_from_model_config",
 })
 GENERATION_DEFAULTS = {"length_penalty": 1.0, "no_repeat_ngram_size": 0, "do_sample": False,
-                       "early_stopping": False, "num_beam_groups": 1, "repetition_penalty": 1.0,
+                       "num_beam_groups": 1, "repetition_penalty": 1.0,
                        "forced_eos_token_id": None, "bad_words_ids": None}
 NLLB_CODE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")  # eng_Latn, zho_Hant
 
@@ -73,11 +73,14 @@ def load_model(ckpt: Checkpoint):
     return model
 
 
-def language_codes(ckpt: Checkpoint, tokenizer_config: dict, vocab: dict[str, int]) -> dict[str, int]:
-    """NLLB's language codes and their token ids, in the tokenizer_config's order (else the vocabulary's)."""
+def language_codes(ckpt: Checkpoint, tokenizer_config: dict, vocab: dict[str, int],
+                   pattern: re.Pattern = NLLB_CODE) -> dict[str, int]:
+    """The language codes (NLLB's by default) and their token ids, in the tokenizer_config's order (else the
+    vocabulary's)."""
     listed = tokenizer_config.get("additional_special_tokens") or tokenizer_config.get("extra_special_tokens") or []
     listed = [t if isinstance(t, str) else t.get("content", "") for t in listed]
-    codes = [t for t in listed if NLLB_CODE.match(t)] or sorted((t for t in vocab if NLLB_CODE.match(t)), key=vocab.get)
+    codes = [t for t in listed if pattern.match(t)]
+    codes = codes or sorted((t for t in vocab if pattern.match(t)), key=vocab.get)
     missing = [c for c in codes if c not in vocab]
     if missing or not codes:
         raise ValueError(f"{ckpt.folder}/tokenizer.json: no token for language code(s) {missing[:5] or '(none found)'}")
@@ -150,18 +153,17 @@ def import_checkpoint(ckpt: Checkpoint, out_dir: pathlib.Path, name: str, versio
 
 
 def build_manifest(config, generation: dict, tokenizer: Tokenizer, name: str, version: int,
-                   codes: dict[str, int]) -> dict:
+                   codes: dict[str, int], family: str = "NLLB / M2M100") -> dict:
     eos = generation.get("eos_token_id", config.eos_token_id)
     start = generation.get("decoder_start_token_id", config.decoder_start_token_id)
     max_positions = config.max_position_embeddings
-    num_beams = generation.get("num_beams", 1)
     languages = list(codes)
     return {
         "format_version": 1,
         "name": name,
         "version": version,
         "task": "translation",
-        "description": f"NLLB / M2M100 between {len(languages)} languages, imported from a transformers checkpoint",
+        "description": f"{family} between {len(languages)} languages, imported from a transformers checkpoint",
         "languages": {"source": languages, "target": languages},
         "tokenizer": {"file": "tokenizer.json", "word_boundary": "metaspace-cjk"},
         "special_tokens": {"pad": generation.get("pad_token_id", config.pad_token_id),
@@ -172,6 +174,6 @@ def build_manifest(config, generation: dict, tokenizer: Tokenizer, name: str, ve
         # Source: the language token, the text, </s>; output: the language token first, then the text.
         "limits": {"max_source_tokens": max_positions,
                    "max_new_tokens": min(generation.get("max_length", max_positions), max_positions) - 1},
-        **({"decoding": {"beam_size": num_beams}} if num_beams > 1 else {}),
+        **decoding_fields(generation),
         **seq2seq_graphs.manifest_graph_fields(config),
     }

@@ -23,7 +23,7 @@ import pathlib
 
 from attnserve.export.importers import sentencepiece_tokenizer as spm_tokenizer
 from attnserve.export.importers import seq2seq_graphs
-from attnserve.export.importers.checkpoint import Checkpoint
+from attnserve.export.importers.checkpoint import Checkpoint, decoding_fields
 
 ARCHITECTURE = "MarianMTModel"
 ACTIVATIONS = ("swish", "silu", "relu", "gelu", "gelu_new")
@@ -41,10 +41,11 @@ IGNORED_KEYS = {
 # generation_config.json keys the manifest expresses, and those that must keep transformers' defaults.
 GENERATION_HANDLED = frozenset({
     "bad_words_ids", "bos_token_id", "decoder_start_token_id", "eos_token_id", "pad_token_id", "max_length",
-    "num_beams", "forced_eos_token_id", "renormalize_logits", "transformers_version", "_from_model_config",
+    "num_beams", "early_stopping", "forced_eos_token_id", "renormalize_logits", "transformers_version",
+    "_from_model_config",
 })
 GENERATION_DEFAULTS = {"length_penalty": 1.0, "no_repeat_ngram_size": 0, "do_sample": False,
-                       "early_stopping": False, "num_beam_groups": 1, "repetition_penalty": 1.0}
+                       "num_beam_groups": 1, "repetition_penalty": 1.0}
 SPECIAL_PIECES = ("</s>", "<unk>", "<pad>")
 
 
@@ -169,7 +170,6 @@ def build_manifest(config, generation: dict, vocabs: Vocabularies, name: str, ve
     pad = generation.get("pad_token_id", config.pad_token_id)
     suppress = sorted({s[0] for s in generation.get("bad_words_ids") or []} - {eos})
     max_positions = config.max_position_embeddings
-    num_beams = generation.get("num_beams", 1)
     return {
         "format_version": 1,
         "name": name,
@@ -186,6 +186,6 @@ def build_manifest(config, generation: dict, vocabs: Vocabularies, name: str, ve
         # Source positions 0..P-1 (EOS included); the decoder start token takes position 0 of P.
         "limits": {"max_source_tokens": max_positions,
                    "max_new_tokens": min(generation.get("max_length", max_positions), max_positions) - 1},
-        **({"decoding": {"beam_size": num_beams}} if num_beams > 1 else {}),
+        **decoding_fields(generation),
         **seq2seq_graphs.manifest_graph_fields(config),
     }

@@ -1,4 +1,4 @@
-"""The encoder and cached decoder-step graphs of a BART-family transformers model (Marian, M2M100), written
+"""The encoder and cached decoder-step graphs of a BART-family transformers model (Marian, M2M100, mBART), written
 against the model's own modules so that the graphs compute what its eager forward computes.
 
 transformers' forward keeps its cache in Python objects and numbers positions by cache length, one length
@@ -7,7 +7,7 @@ slots (rows of one call are at different steps, with holes in their caches: docs
 returns every layer's and head's cross-attention. So the step is re-assembled here from the model's
 submodules (projections, norms, feed-forward, embeddings), in the model's own order of operations:
 
-    x = embed(ids) * embed_scale + positions[position_ids + offset]
+    x = embed(ids) * embed_scale + positions[position_ids + offset]   (then layernorm_embedding: mBART)
     per layer (post-norm: sublayer, residual, norm; pre-norm: norm, sublayer, residual):
         self-attention over the cache and the new token, cross-attention over the encoder, feed-forward
     final norm (pre-norm models), logits = lm_head(x) + final_logits_bias
@@ -54,13 +54,23 @@ class Parts(nn.Module):
         self.lm_head = model.get_output_embeddings()  # lm_head; Whisper's proj_out
         bias = getattr(model, "final_logits_bias", None)
         self.register_buffer("logits_bias", bias[0].detach().clone() if bias is not None else None, persistent=False)
-        self.register_buffer("positions", positions.detach().clone(), persistent=False)  # (P, D)
+        # mBART: a norm right after the embeddings, on each side; None elsewhere.
+        self.encoder_embed_norm = getattr(core.encoder, "layernorm_embedding", None)
+        self.decoder_embed_norm = getattr(core.decoder, "layernorm_embedding", None)
+        encoder_positions, decoder_positions = positions if isinstance(positions, tuple) else (positions, positions)
+        self.register_buffer("encoder_positions", encoder_positions.detach().clone(), persistent=False)  # (P, D)
+        self.register_buffer("decoder_positions", decoder_positions.detach().clone(), persistent=False)  # (P, D)
 
-    def embed(self, embed: nn.Module, scale: float, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def embed(self, side: str, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token embeddings plus position rows of one side ("encoder" or "decoder"), normed where the family
+        norms them."""
         rows = positions + self.layout.position_offset
         if self.layout.pad_position is not None:
             rows = torch.where(ids == self.layout.pad_position, torch.full_like(rows, self.layout.pad_position), rows)
-        return embed(ids) * scale + self.positions[rows]
+        parts = ("embed", "scale", "positions", "embed_norm")
+        embed, scale, table, norm = (getattr(self, f"{side}_{part}") for part in parts)
+        x = embed(ids) * scale + table[rows]
+        return x if norm is None else norm(x)
 
     def block(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
         """One residual block in the family's norm order; `sublayer` maps (B, T, D) to (B, T, D)."""
@@ -116,7 +126,7 @@ class EncoderGraph(nn.Module):
     def forward(self, input_ids, attention_mask):
         p = self.parts
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        x = p.embed(p.encoder_embed, p.encoder_scale, input_ids, positions)  # (B, S, D)
+        x = p.embed("encoder", input_ids, positions)  # (B, S, D)
         mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         for layer in p.encoder_layers:
             def self_attention(h, layer=layer):
@@ -141,7 +151,7 @@ class DecoderStepGraph(nn.Module):
         p, n = self.parts, len(self.parts.decoder_layers)
         self_mask = decoder_attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T+1)
         cross_mask = encoder_attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
-        x = p.embed(p.decoder_embed, p.decoder_scale, input_ids, position_ids)  # (B, 1, D)
+        x = p.embed("decoder", input_ids, position_ids)  # (B, 1, D)
         new_kv, cross_weights = [], []
         for i, layer in enumerate(p.decoder_layers):
             past_k, past_v = caches[2 * i], caches[2 * i + 1]  # (B, H, T, Dh)
@@ -179,8 +189,14 @@ class DecoderStepGraph(nn.Module):
         return attn.out_proj(merge_heads(torch.matmul(on_past, past_v) + torch.matmul(on_new, new_v)))
 
 
-def export(model: nn.Module, layout: Layout, positions: torch.Tensor, out_dir) -> None:
-    """Writes encoder.onnx and decoder.onnx of `model` (eval mode) into out_dir."""
+def export(model: nn.Module, layout: Layout, positions: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+           out_dir) -> None:
+    """Writes encoder.onnx and decoder.onnx of `model` (eval mode) into out_dir.
+
+    Args:
+        positions: (P, D) the position table both sides read, or the encoder's and the decoder's own (mBART's
+            learned tables).
+    """
     cfg = model.config
     parts = Parts(model.eval(), layout, positions).eval()
     heads = cfg.decoder_attention_heads

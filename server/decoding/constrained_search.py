@@ -109,7 +109,7 @@ class ConstrainedBeamSearch(BeamSearch):
         at_limit = step + 1 >= self._max_new[self._alive]
         full = self._n_finished[self._alive] >= self.k
         best = np.where(complete, scores, -np.inf).max(axis=1) / (step + 1)
-        return at_limit | (full & (best <= self._worst[self._alive]))
+        return at_limit | (full & (self._early[self._alive] | (best <= self._worst[self._alive])))
 
     def _best_complete(self, i: int, entries, scores, complete, step: int):
         """BeamSearch._best, where at the length limit only running beams with every term placed compete

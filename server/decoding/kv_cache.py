@@ -42,7 +42,7 @@ class AppendCache:
         self._spare_slots = spare_slots
         self.length = length
         self.capacity = mask.shape[1] - 1
-        # Counts reallocations of the buffers: device copies of them (server/decoding/device_state.py) follow appends
+        # Counts reallocations of the buffers: device copies of them (server/model/device_state.py) follow appends
         # and rows rewritten (which the batch's slots report), and repeat the latest reallocation, described
         # by `growth`: (slots cut from the front, slots used before, the new capacity).
         self.revision = 0

@@ -49,6 +49,8 @@ class PreparedRequest:
     # The tokens the first steps must output (NLLB's target-language token, Whisper's prompt) and what the
     # step after them must not (server/decoding/prompt.py); None = the model chooses from the start.
     forced_start: ForcedStart | None = None
+    # Beam search stops once beam_size sequences are finished (manifest decoding.early_stopping).
+    early_stopping: bool = False
     # Glossary terms the output must contain (server/decoding/glossary.py Constraint); () = none.
     constraints: tuple = ()
 

@@ -238,9 +238,10 @@ class BeamSearch(DecodeStrategy):
 
     A sequence's score is its summed log-probability; finished sequences are ranked by score / length
     (tokens, EOS included). A request stops once it has `beam_size` finished sequences and its best running
-    beam, normalised the same way, cannot beat the worst of them (the usual heuristic), or at
-    max_new_tokens, where running beams compete too. Beams finish only as a whole request, so beam
-    requests stream nothing while decoding: their tokens and attention come with their hypothesis.
+    beam, normalised the same way, cannot beat the worst of them (the usual heuristic; with the request's
+    early_stopping, as soon as it has them: transformers' early_stopping=True), or at max_new_tokens, where
+    running beams compete too. Beams finish only as a whole request, so beam requests stream nothing while
+    decoding: their tokens and attention come with their hypothesis.
     """
 
     def start(self) -> Selection:
@@ -252,6 +253,7 @@ class BeamSearch(DecodeStrategy):
         self._finished: list[list[tuple[float, int, int]]] = [[] for _ in range(n)]  # (score, step, entry)
         self._n_finished = np.zeros(n, dtype=np.int64)  # (N,) len(self._finished[i])
         self._worst = np.full(n, np.inf)  # (N,) normalised score of the worst kept finished sequence
+        self._early = np.array([r.early_stopping for r in self.requests], dtype=bool)  # (N,)
         start = np.array([r.start_id for r in self.requests], dtype=np.int64)
         self.rules.start(n * self.k)
         return Selection(np.repeat(np.arange(n), self.k), np.repeat(start, self.k))
@@ -311,7 +313,8 @@ class BeamSearch(DecodeStrategy):
         """(R,) requests that stop now: at their length limit, or unable to improve on k finished ones."""
         at_limit = step + 1 >= self._max_new[self._alive]
         full = self._n_finished[self._alive] >= self.k
-        return at_limit | (full & (scores[:, 0] / self._length(self._alive, step) <= self._worst[self._alive]))
+        beaten = self._early[self._alive] | (scores[:, 0] / self._length(self._alive, step) <= self._worst[self._alive])
+        return at_limit | (full & beaten)
 
     def _length(self, index, step: int):
         """The length a sequence of request(s) `index` ending at `step` is normalised by: its tokens after

@@ -22,7 +22,7 @@ import numpy as np
 
 from attnserve.server.decoding.kv_cache import AppendCache
 from attnserve.server.model.manifest import Manifest
-from attnserve.server.decoding.residency import Residency
+from attnserve.server.model.residency import Residency
 from attnserve.server.decoding.rows import axis_slice, copy_rows, row_view
 
 # Tensors gathered to make room get this share of their rows again as spare slots (at least SPARE_SLOTS).
@@ -48,7 +48,7 @@ class Slots:
         self.state = state
         self.cache = cache
         self.size = size
-        # Device copies of these tensors (server/decoding/device_state.py) are kept under `_owner`, valid while the
+        # Device copies of these tensors (server/model/device_state.py) are kept under `_owner`, valid while the
         # revision stays as it was (a reallocated cache counts in the cache's own), with the row changes since
         # the last step (`_row_changes`, Residency.row_changes) done again on them.
         self._owner = object()

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.decoded_size import decoded_bytes
-from attnserve.server.engine.option_fields import bounded, check, mirror
+from attnserve.server.model.option_fields import bounded, check, mirror
 from attnserve.api.generation import GenerationRequest, OverloadedError
 
 

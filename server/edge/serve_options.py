@@ -3,7 +3,7 @@
 The config tree: `ServeOptions` holds the server process's own options (listener, TLS, logging, ...) and
 one field per engine option it exposes as a flag. Those mirror `RuntimeOptions` (how sessions run),
 `BatchingOptions` (queue, batch size, window) and `SchedulingOptions` (continuous batching), which stay the
-one home of their defaults and bounds (server/engine/option_fields.py); `runtime_options()` and
+one home of their defaults and bounds (server/model/option_fields.py); `runtime_options()` and
 `batching_options()` build them. The CLI builds its flags from the dataclass (`add_arguments`), so the
 defaults the help shows are the ones the server uses; errors name the flag a user typed, not a field name.
 Nothing here imports onnxruntime.
@@ -19,7 +19,7 @@ from attnserve.server.edge import logging_setup
 from attnserve.server.edge.intake import IntakeOptions
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.longform import LongFormOptions
-from attnserve.server.engine.option_fields import bounded, mirror, problems
+from attnserve.server.model.option_fields import bounded, mirror, problems
 from attnserve.server.model.runtime_options import DEVICES, RuntimeOptions
 from attnserve.server.engine.scheduler import SchedulingOptions
 

@@ -31,7 +31,7 @@ from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from attnserve.api.generation import OverloadedError, UnavailableError
-from attnserve.server.engine.option_fields import bounded, check
+from attnserve.server.model.option_fields import bounded, check
 from attnserve.server.engine.scheduler import SchedulingOptions
 
 log = logging.getLogger(__name__)

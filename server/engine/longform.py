@@ -35,7 +35,7 @@ from concurrent.futures import CancelledError, Future
 import numpy as np
 
 from attnserve.server.engine import limits
-from attnserve.server.engine.option_fields import bounded, check
+from attnserve.server.model.option_fields import bounded, check
 from attnserve.server.inputs import audio_files, segmentation
 from attnserve.server.inputs.audio import rate_ratio, resample
 from attnserve.api.generation import (

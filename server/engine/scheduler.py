@@ -37,7 +37,7 @@ import dataclasses
 from collections.abc import Callable
 
 from attnserve.server.engine.lane import Lane
-from attnserve.server.engine.option_fields import bounded, check
+from attnserve.server.model.option_fields import bounded, check
 
 # What one decoder call costs the decode loop besides ONNX Runtime (about 0.7 ms: feeds, the search's step,
 # row bookkeeping), in rows x source positions of padding that take as long to read (0.64 us each, measured

@@ -93,6 +93,7 @@ class RequestValidator:
             forced_start=forced_start(m, language, request.source_language),
             max_new_tokens=max_new_tokens,
             beam_size=beam_size,
+            early_stopping=m.decoding.early_stopping,
             attention_layer=layer,
             timestamp_layer=timestamp_layer,
             # Reranking needs every beam's candidate.

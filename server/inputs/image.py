@@ -12,6 +12,8 @@ An image model's encoder reads normalised pixels (B, C, H, W) of one fixed size 
 cells, one encoder position per cell, row by row (manifest `input`: size, channels, normalisation, grid).
 Attention column j is cell (j // cols, j % cols), labelled "r<row>c<col>:x0,y0,x1,y1" with its pixel box
 in the model's input (x1, y1 exclusive); a client scales the boxes by the original's size over the input's.
+An encoder may hold positions before the grid that stand for no cell (ViT's class token): manifest
+`input.grid.leading` names them ("cls"), and they come first, labelled with those names, the cells after.
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ class ImagePreprocessor(Preprocessor):
             raise ValueError(f"image is {pixels.dtype} {pixels.shape}; model '{self.manifest.name}' takes uint8 {want}")
         x = pixels.astype(np.float32) / 255.0  # (H, W, C)
         x = (x - np.array(s.mean, dtype=np.float32)) / np.array(s.std, dtype=np.float32)
-        return ImageSource(np.ascontiguousarray(x.transpose(2, 0, 1)), s.grid_rows * s.grid_cols)  # (C, H, W)
+        return ImageSource(np.ascontiguousarray(x.transpose(2, 0, 1)), s.columns)  # (C, H, W)
 
     def collate(self, sources: Sequence[ImageSource]) -> EncoderBatch:
         pixels = np.stack([s.pixels for s in sources])  # (B, C, H, W): one size, nothing to pad
@@ -152,15 +154,16 @@ class ImagePreprocessor(Preprocessor):
         return [Token(label, -1, 0.0) for label in self.cell_labels()]
 
     def cell_labels(self) -> list[str]:
-        """ "r<row>c<col>:x0,y0,x1,y1" of every grid cell, row by row; boxes in input pixels, x1/y1 exclusive."""
+        """The leading columns' names, then "r<row>c<col>:x0,y0,x1,y1" of every grid cell, row by row; boxes
+        in input pixels, x1/y1 exclusive."""
         s = self.spec
-        return [f"r{r}c{c}:{x0},{y0},{x1},{y1}" for r, c, (x0, y0, x1, y1) in cell_boxes(s.height, s.width,
-                                                                                          s.grid_rows, s.grid_cols)]
+        return [*s.leading, *(f"r{r}c{c}:{x0},{y0},{x1},{y1}" for r, c, (x0, y0, x1, y1) in cell_boxes(
+            s.height, s.width, s.grid_rows, s.grid_cols))]
 
     def describe(self, info: ModelInfo) -> ModelInfo:
         s = self.spec
         image = ImageInputInfo(s.width, s.height, s.grid_rows, s.grid_cols, s.max_bytes, s.max_pixels)
-        return dataclasses.replace(info, input_kind=self.kind, max_source_tokens=s.grid_rows * s.grid_cols, image=image)
+        return dataclasses.replace(info, input_kind=self.kind, max_source_tokens=s.columns, image=image)
 
 
 def cell_boxes(height: int, width: int, rows: int, cols: int) -> list[tuple[int, int, tuple[int, int, int, int]]]:

@@ -10,6 +10,7 @@ server/inputs/image.py and server/inputs/video.py.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING, ClassVar
 
 from attnserve.server.inputs.features import FEATURE_TYPES, LogMelSpec
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from attnserve.server.model.manifest import FieldReader
 
 INPUT_KINDS = ("text", "audio", "image", "video")
+# An image grid's leading column label (input.grid.leading): a name, never a cell's "r0c0:..." label.
+LEADING_LABEL = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +92,14 @@ class ImageInputSpec:
     max_bytes: int
     # Most pixels (width x height) an image may declare; more is refused before decoding (decompression bombs).
     max_pixels: int = 40_000_000
+    # Labels of encoder positions before the grid that stand for no cell (ViT's class token: ("cls",));
+    # each is an attention column of its own, first. () = the grid alone.
+    leading: tuple[str, ...] = ()
+
+    @property
+    def columns(self) -> int:
+        """Attention columns (encoder positions): the leading ones, then one per cell."""
+        return len(self.leading) + self.grid_rows * self.grid_cols
 
     def encoder_inputs(self) -> dict[str, EncoderInput]:
         """Role -> what is fed: normalised pixels (B, C, H, W); every image has the same size, so no mask."""
@@ -206,9 +217,12 @@ def _image_input(r: FieldReader) -> ImageInputSpec:
         grid_cols=grid.integer("cols", 1),
         max_bytes=r.integer("max_bytes", 1),
         max_pixels=r.integer("max_pixels", 1, default=ImageInputSpec.max_pixels),
+        leading=grid.strings("leading") if "leading" in grid.data else (),
     )
     if spec.grid_rows > spec.height or spec.grid_cols > spec.width:
         grid.fail(f"{spec.grid_rows} x {spec.grid_cols} cells do not fit a {spec.height} x {spec.width} image")
+    if not all(LEADING_LABEL.match(label) for label in spec.leading):
+        grid.fail_field("leading", f"labels must be lower-case names without ':' (e.g. cls), got {list(spec.leading)}")
     return spec
 
 

@@ -88,6 +88,9 @@ class DecodingDefaults:
 
     # Beams of a request whose beam_size is 0 (unset) and that does not sample; 1 = greedy search.
     beam_size: int = 1
+    # Beam search stops a request as soon as it has beam_size finished sequences (transformers'
+    # early_stopping=True); False = only once no running beam can beat them (early_stopping=False).
+    early_stopping: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -422,7 +425,9 @@ def _language_model(r: FieldReader) -> LanguageModelSpec | None:
 def _decoding_defaults(r: FieldReader) -> DecodingDefaults:
     if "decoding" not in r.data:
         return DecodingDefaults()
-    return DecodingDefaults(beam_size=r.obj("decoding").integer("beam_size", 1, DecodingDefaults.beam_size))
+    d = r.obj("decoding")
+    return DecodingDefaults(beam_size=d.integer("beam_size", 1, DecodingDefaults.beam_size),
+                            early_stopping=d.get("early_stopping", bool, DecodingDefaults.early_stopping))
 
 
 def _limits(r: FieldReader, spec: InputSpec) -> Limits:

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 import numpy as np
 import onnxruntime as ort
 
-from attnserve.server.decoding.device_state import DeviceState
-from attnserve.server.decoding.residency import Residency
+from attnserve.server.model.device_state import DeviceState
+from attnserve.server.model.residency import Residency
 from attnserve.server.model.runtime_options import PROVIDERS, RuntimeOptions  # noqa: F401  (re-exported)
 from attnserve.server.model.shared_weights import shared_initializers
 

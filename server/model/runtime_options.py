@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from attnserve.server.engine.option_fields import bounded, check
+from attnserve.server.model.option_fields import bounded, check
 
 DEVICES = ("cpu", "cuda")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -34,7 +34,7 @@ class RuntimeOptions:
     # Load a weight the encoder and decoder graphs both carry (tied embeddings) once for both sessions, on
     # the CPU (server/model/shared_weights.py): 17 MB less for translate-zh-en.
     share_weights: bool = True
-    # Keep the decoder's static inputs and K/V cache on the device between steps (server/decoding/device_state.py).
+    # Keep the decoder's static inputs and K/V cache on the device between steps (server/model/device_state.py).
     # None: on for CUDA, off for the CPU (where it only adds a copy; tests turn it on to compare).
     io_binding: bool | None = None
 

@@ -33,7 +33,7 @@ export function show(result, image) {
     $("time-axis").replaceChildren(...ticks(result.columns.spans.at(-1)[1]));
   } else if (kind === "grid") {
     $("image").src = image.url;
-    columns = gridCells(result.columns.boxes, image.width, image.height);
+    columns = gridCells(result.columns.boxes, image.width, image.height, result.columns.first || 0);
     $("cells").replaceChildren(...columns);
   }
   const clip = kind === "frames" ? showClip(result.columns, image, result.frames) : null;
@@ -134,10 +134,11 @@ function ticks(end) {
   return marks;
 }
 
-function gridCells(boxes, width, height) {
+// first: the attention column of the first cell (a ViT's "cls" column comes before the cells).
+function gridCells(boxes, width, height, first = 0) {
   return boxes.map(([x0, y0, x1, y1], j) => {
     const cell = positioned({ left: x0 / width, top: y0 / height, width: (x1 - x0) / width, height: (y1 - y0) / height });
-    cell.dataset.col = j;
+    cell.dataset.col = j + first;
     return cell;
   });
 }
@@ -157,9 +158,10 @@ function highlight(i) {
   for (const element of $("output").children) element.classList.toggle("active", element.dataset.row === String(i));
   markRow($("matrix"), i);
   const peak = Math.max(...row) || 1;
-  columns.forEach((element, j) => {
-    element.dataset.weight = row[j].toFixed(4);
-    element.style.setProperty("--w", (row[j] / peak).toFixed(3));
+  columns.forEach((element) => {
+    const w = row[Number(element.dataset.col)];
+    element.dataset.weight = w.toFixed(4);
+    element.style.setProperty("--w", (w / peak).toFixed(3));
   });
   const mark = $("span-mark");
   const timing = words[i];

@@ -8,11 +8,11 @@ keeps, per batch, device copies of the encoder K/V (server/decoding/slots.py) an
 Tensors of one shape (every layer's keys and values) are stacked in one device buffer and bound by offset,
 so that each kind of update below is one graph run for all of them, not one per tensor:
 - rows copied on the host since the last step (beams kept twice, rows moved into free slots) are copied on
-  the device too (server/decoding/copy_rows.onnx), and rows joining are written into the device copies from the
-  host (server/decoding/write_rows.onnx);
-- each step's new cache slot is written into the device buffers by another (server/decoding/cache_append.onnx);
+  the device too (server/model/copy_rows.onnx), and rows joining are written into the device copies from the
+  host (server/model/write_rows.onnx);
+- each step's new cache slot is written into the device buffers by another (server/model/cache_append.onnx);
 - a cache whose buffers are reallocated (full every 16 steps) is reallocated on the device the same way
-  (server/decoding/grow_cache.onnx);
+  (server/model/grow_cache.onnx);
 - a new revision of the batch's tensors (gathered afresh, source axes cut) is copied in whole.
 The host tensors remain the truth. The small inputs of a step (tokens, positions, masks) and replaced state
 (an LSTM's h, c) are copied in every step; logits, attention and the new slots come back to the host, as
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnxruntime as ort
 
-from attnserve.server.decoding.residency import Residency
+from attnserve.server.model.residency import Residency
 
 CACHE_APPEND_GRAPH = pathlib.Path(__file__).with_name("cache_append.onnx")
 WRITE_ROWS_GRAPH = pathlib.Path(__file__).with_name("write_rows.onnx")

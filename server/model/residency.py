@@ -1,6 +1,6 @@
 """What a batch tells its runtime about the decoder inputs it keeps between steps (no onnxruntime).
 
-Made by `Slots.residency` (server/decoding/slots.py), read by `DeviceState` (server/decoding/device_state.py), which keeps
+Made by `Slots.residency` (server/decoding/slots.py), read by `DeviceState` (server/model/device_state.py), which keeps
 device copies of those inputs under IO binding.
 """
 
