@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import tiny_whisper
-from import_parity import step_differences
+from import_parity import imported, serving, step_differences
 from attnserve.clients import cli
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
@@ -48,9 +48,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def repo(checkpoint, tmp_path_factory):
-    repository = tmp_path_factory.mktemp("imported")
-    assert cli.main(["import", str(checkpoint), "--name", NAME, "--repository", str(repository)]) == 0
-    return repository
+    return imported(checkpoint, tmp_path_factory.mktemp("imported"), NAME)
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +58,7 @@ def hf(checkpoint):
 
 @pytest.fixture(scope="module")
 def engine(repo):
-    engine = load_engine(find_models(repo)[NAME], RuntimeOptions(), BatchingOptions())
-    yield engine
-    engine.close()
+    yield from serving(repo, NAME)
 
 
 def features_of(clips) -> "torch.Tensor":
