@@ -401,3 +401,30 @@ def test_transcribe_over_grpc_translates_detects_and_times_words(repo, engine, t
                                                  audio=AudioInput(samples=samples, sample_rate_hz=16000)))
         assert [t["id"] for t in out["tokens"]] == [t.id for t in want.tokens]
         assert out["target_language"] == want.target_language and out["words"]
+
+
+def test_the_page_transcribes_an_upload_as_grpc_does(repo):
+    """The web page's endpoint (a WAV upload, words with their attention) on the imported model == gRPC."""
+    pytest.importorskip("aiohttp")
+    import io
+    import urllib.request
+    import wave
+
+    import gateway_thread
+    from attnserve.clients.client import audio_request
+
+    pcm = np.clip(CLIPS[1] * 32768, -32768, 32767).astype("<i2")
+    data = io.BytesIO()
+    with wave.open(data, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000), w.writeframes(pcm.tobytes())
+    with gateway_thread.demo(repo) as (url, client):
+        upload = urllib.request.Request(f"{url}/api/generate?model={NAME}", data=data.getvalue(),
+                                        headers={"Content-Type": "audio/wav"})
+        with urllib.request.urlopen(upload, timeout=120) as response:
+            page = json.loads(response.read())
+        want = client.generate(audio_request(data.getvalue(), model=NAME, attention=True, granularity="words"))
+    assert page["text"] == want.text and page["target_language"] == want.target_language
+    assert [w["word"] for w in page["words"]] == [w.word for w in want.words] and want.words
+    assert [w["start_seconds"] for w in page["words"]] == pytest.approx([w.start_seconds for w in want.words])
+    # The page draws words against a time axis over the 30 s window.
+    assert page["columns"]["kind"] == "time" and len(page["attention"]["weights"]) == len(want.attention.weights)
