@@ -219,6 +219,10 @@ def _add_transcribe(commands) -> None:
                             "server reads: `attnserve models`), any common rate, up to an hour; - reads stdin")
     transcribe.add_argument("--srt", metavar="OUT.srt", help="write subtitles (SubRip) of the transcript")
     transcribe.add_argument("--vtt", metavar="OUT.vtt", help="write subtitles (WebVTT) of the transcript")
+    transcribe.add_argument("--to", default="", help="the transcript's language (default: the model's first, or "
+                            "detected by models that detect it, such as imported Whisper checkpoints)")
+    transcribe.add_argument("--from", dest="source", default="",
+                            help="the spoken language, for models that translate speech (Whisper: --from de --to en)")
     transcribe.add_argument("--progress", action="store_true",
                             help="show the progress bar of a long recording even when stderr is not a terminal")
     transcribe.add_argument(
@@ -392,7 +396,8 @@ def _transcribe(args: argparse.Namespace) -> None:
     with _connect(args) as client:
         model = args.model or _first_audio_model(client)
         request = audio_request(data, model=model, attention=args.attention is not None, granularity="words",
-                                beam_size=args.beam_size)
+                                beam_size=args.beam_size, to=args.to)
+        request = dataclasses.replace(request, source_language=args.source)
         # The stream shows a long recording's progress, segment by segment.
         show = args.progress or sys.stderr.isatty()
         result = transcription.transcribe(client, request, sys.stderr if show else None)

@@ -41,8 +41,8 @@ def step_differences(folder, encoder_feeds: dict, sequences: np.ndarray, want_lo
         for s in manifest["state"]:
             cache[s["input"]] = np.concatenate([cache[s["input"]], res[s["output"]]], axis=2)
         lp = torch.log_softmax(torch.from_numpy(res["logits"]), -1).numpy()
-        worst_lp = max(worst_lp, float(np.abs(lp - want_logprobs[:, step]).max()))
-        worst_attention = max(worst_attention, float(np.abs(res["cross_attentions"] - want_attention[:, :, :, step]).max()))
+        worst_lp = max(worst_lp, _largest(lp - want_logprobs[:, step]))
+        worst_attention = max(worst_attention, _largest(res["cross_attentions"] - want_attention[:, :, :, step]))
     return worst_lp, worst_attention
 
 
@@ -125,3 +125,8 @@ print(" ".join(str(t.id) for t in result.tokens))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return [int(t) for t in out.stdout.split()]
+
+
+def _largest(difference: np.ndarray) -> float:
+    """max |difference|, infinite where either side is NaN (a NaN must never compare as equal)."""
+    return float(np.nan_to_num(np.abs(difference), nan=np.inf).max())

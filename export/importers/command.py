@@ -74,10 +74,10 @@ def import_checkpoint(checkpoint: pathlib.Path, repository: pathlib.Path, name: 
 
 
 def _family(architecture: str, folder: pathlib.Path):
-    from attnserve.export.importers import m2m100, marian, mbart, vision_encoder_decoder
+    from attnserve.export.importers import m2m100, marian, mbart, vision_encoder_decoder, whisper
 
     families = {marian.ARCHITECTURE: marian, m2m100.ARCHITECTURE: m2m100, mbart.ARCHITECTURE: mbart,
-                vision_encoder_decoder.ARCHITECTURE: vision_encoder_decoder}
+                vision_encoder_decoder.ARCHITECTURE: vision_encoder_decoder, whisper.ARCHITECTURE: whisper}
     if architecture not in families:
         raise ValueError(f"{folder}: architecture {architecture} is not supported; the importer reads "
                          f"{', '.join(sorted(families))}")

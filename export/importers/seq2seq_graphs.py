@@ -38,7 +38,7 @@ class Layout:
     pad_position: int | None = None
 
 
-class _Parts(nn.Module):
+class Parts(nn.Module):
     """The submodules both graphs read, pulled out of a `...ForConditionalGeneration` model."""
 
     def __init__(self, model: nn.Module, layout: Layout, positions: torch.Tensor):
@@ -46,11 +46,12 @@ class _Parts(nn.Module):
         core = model.model
         self.layout = layout
         self.encoder_layers, self.decoder_layers = core.encoder.layers, core.decoder.layers
-        self.encoder_embed, self.decoder_embed = core.encoder.embed_tokens, core.decoder.embed_tokens
+        # Whisper's encoder reads features through convolutions, not an embedding table.
+        self.encoder_embed, self.decoder_embed = getattr(core.encoder, "embed_tokens", None), core.decoder.embed_tokens
         self.encoder_scale, self.decoder_scale = _embed_scale(core.encoder), _embed_scale(core.decoder)
         self.encoder_norm = getattr(core.encoder, "layer_norm", None)  # pre-norm models' final norms
         self.decoder_norm = getattr(core.decoder, "layer_norm", None)
-        self.lm_head = model.lm_head
+        self.lm_head = model.get_output_embeddings()  # lm_head; Whisper's proj_out
         bias = getattr(model, "final_logits_bias", None)
         self.register_buffer("logits_bias", bias[0].detach().clone() if bias is not None else None, persistent=False)
         # mBART: a norm right after the embeddings, on each side; None elsewhere.
@@ -111,14 +112,14 @@ def project_kv(attn: nn.Module, x: torch.Tensor, heads: int) -> tuple[torch.Tens
     return split_heads(attn.k_proj(x), heads), split_heads(attn.v_proj(x), heads)
 
 
-def _feed_forward(layer: nn.Module):
+def feed_forward(layer: nn.Module):
     return lambda h: layer.fc2(layer.activation_fn(layer.fc1(h)))
 
 
 class EncoderGraph(nn.Module):
     """input_ids, attention_mask -> encoder_hidden_states, then each decoder layer's cross K/V."""
 
-    def __init__(self, parts: _Parts, encoder_heads: int, decoder_heads: int):
+    def __init__(self, parts: Parts, encoder_heads: int, decoder_heads: int):
         super().__init__()
         self.parts, self.encoder_heads, self.decoder_heads = parts, encoder_heads, decoder_heads
 
@@ -132,7 +133,7 @@ class EncoderGraph(nn.Module):
                 k, v = project_kv(layer.self_attn, h, self.encoder_heads)
                 return attend(layer.self_attn, h, k, v, mask)[0]
             x = p.block(x, layer.self_attn_layer_norm, self_attention)
-            x = p.block(x, layer.final_layer_norm, _feed_forward(layer))
+            x = p.block(x, layer.final_layer_norm, feed_forward(layer))
         if p.encoder_norm is not None:
             x = p.encoder_norm(x)
         cross = [project_kv(layer.encoder_attn, x, self.decoder_heads) for layer in p.decoder_layers]
@@ -142,7 +143,7 @@ class EncoderGraph(nn.Module):
 class DecoderStepGraph(nn.Module):
     """One cached step for every row (the decoder table of docs/model-contract.md)."""
 
-    def __init__(self, parts: _Parts, heads: int):
+    def __init__(self, parts: Parts, heads: int):
         super().__init__()
         self.parts, self.heads = parts, heads
 
@@ -168,7 +169,7 @@ class DecoderStepGraph(nn.Module):
 
             x = p.block(x, layer.self_attn_layer_norm, self_attention)
             x = p.block(x, layer.encoder_attn_layer_norm, cross_attention)
-            x = p.block(x, layer.final_layer_norm, _feed_forward(layer))
+            x = p.block(x, layer.final_layer_norm, feed_forward(layer))
         if p.decoder_norm is not None:
             x = p.decoder_norm(x)
         # From 2-D input with a bias the exporter emits one Gemm(transB=1) reading the (tied) table itself;
@@ -197,7 +198,7 @@ def export(model: nn.Module, layout: Layout, positions: torch.Tensor | tuple[tor
             learned tables).
     """
     cfg = model.config
-    parts = _Parts(model.eval(), layout, positions).eval()
+    parts = Parts(model.eval(), layout, positions).eval()
     heads = cfg.decoder_attention_heads
     export_step_graphs(
         EncoderGraph(parts, cfg.encoder_attention_heads, heads), DecoderStepGraph(parts, heads), out_dir,

@@ -2,8 +2,10 @@
 
 - **Minimum length** (`min_new_tokens`): end-of-sequence gets -inf until the row has generated that many
   tokens.
-- **Forced first token** (manifest `forced_first_token`, NLLB's target-language token): at the first step
-  every other token gets -inf, as transformers' `forced_bos_token_id` does (its log-probability is then 0).
+- **Forced start** (server/decoding/prompt.py: NLLB's forced first token, Whisper's decoder prompt): at
+  each of the first steps every token but the forced one gets -inf, as transformers' `forced_bos_token_id`
+  does (its log-probability is then 0); a position to detect keeps only the best of its language tokens;
+  at the first step after the forced ones, the begin-suppressed tokens get -inf.
 - **Repetition guard** (`no_repeat_ngram_size` n): a token that would complete an n-gram the row has
   already generated gets -inf (n = 1 forbids every token already used).
 
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnserve.server.decoding.prepared import PreparedRequest
+from attnserve.server.decoding.prompt import DETECT, ForcedStart
 
 
 class OutputRules:
@@ -34,8 +37,12 @@ class OutputRules:
         self._min_new = np.array([r.min_new_tokens for r in requests], dtype=np.int64)  # (N,)
         self._ngram = np.array([r.no_repeat_ngram_size for r in requests], dtype=np.int64)  # (N,)
         self._tracks_tokens = bool((self._ngram > 0).any())
-        forced = [-1 if r.forced_first_id is None else r.forced_first_id for r in requests]
-        self._forced_first = np.array(forced, dtype=np.int64)  # (N,) -1 = none
+        starts = [r.forced_start or ForcedStart() for r in requests]
+        self._forced = [np.array(f.tokens, dtype=np.int64) for f in starts]  # per request, DETECT = choose
+        self._detect_from = [np.array(f.detect_from, dtype=np.int64) for f in starts]
+        self._begin_suppress = [np.array(f.begin_suppress, dtype=np.int64) for f in starts]
+        self._forced_length = np.array([len(f.tokens) for f in starts], dtype=np.int64)  # (N,)
+        self._any_start = any(len(f.tokens) or len(f.begin_suppress) for f in starts)
         self._row_tokens = np.zeros((0, 0), dtype=np.int64)  # (B, t) tokens each row generated so far
 
     def start(self, rows: int) -> None:
@@ -50,8 +57,8 @@ class OutputRules:
             row_request: (B,) the request of each row.
             step: tokens every row has generated so far (rows of one batch advance together).
         """
-        if step == 0:
-            self._force_first(logits, row_request)
+        if self._any_start and step <= self._forced_length.max():
+            self._force_start(logits, row_request, step)
         short = np.flatnonzero(step < self._min_new[row_request])
         guarded = np.flatnonzero(self._ngram[row_request] > 0) if self._tracks_tokens else short[:0]
         if not len(short) and not len(guarded):
@@ -66,13 +73,20 @@ class OutputRules:
         if len(empty):
             logits[empty] = before[np.searchsorted(touched, empty)]
 
-    def _force_first(self, logits: np.ndarray, row_request: np.ndarray) -> None:
-        forced = self._forced_first[row_request]  # (B,)
-        rows = np.flatnonzero(forced >= 0)
-        if len(rows):
-            kept = logits[rows, forced[rows]]
-            logits[rows] = -np.inf
-            logits[rows, forced[rows]] = kept
+    def _force_start(self, logits: np.ndarray, row_request: np.ndarray, step: int) -> None:
+        """Forces step `step` of the rows whose requests force it; begin-suppresses the step after."""
+        for row in np.flatnonzero(step <= self._forced_length[row_request]):
+            index = row_request[row]
+            if step == self._forced_length[index]:
+                logits[row, self._begin_suppress[index]] = -np.inf
+                continue
+            token = self._forced[index][step]
+            if token == DETECT:
+                candidates = self._detect_from[index]
+                token = candidates[np.argmax(logits[row, candidates])]
+            kept = logits[row, token]
+            logits[row] = -np.inf
+            logits[row, token] = kept
 
     def extend(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         """Follows the strategy's selection: keeps `rows` (in order, repeats allowed) and appends `tokens`."""

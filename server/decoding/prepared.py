@@ -10,6 +10,7 @@ import dataclasses
 
 from attnserve.api.generation import AttentionReduction, GenerationRequest, SamplingOptions
 from attnserve.server.inputs.preprocessing import Source
+from attnserve.server.decoding.prompt import ForcedStart
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +46,9 @@ class PreparedRequest:
     forced_ids: tuple[int, ...] | None = None
     # DecodingOptions.reverse_weight > 0: the language to translate the candidates back into.
     reverse_language: str | None = None
-    # The token the first step must output (manifest forced_first_token: NLLB's target-language token);
-    # None = the model chooses.
-    forced_first_id: int | None = None
+    # The tokens the first steps must output (NLLB's target-language token, Whisper's prompt) and what the
+    # step after them must not (server/decoding/prompt.py); None = the model chooses from the start.
+    forced_start: ForcedStart | None = None
     # Beam search stops once beam_size sequences are finished (manifest decoding.early_stopping).
     early_stopping: bool = False
     # Glossary terms the output must contain (server/decoding/glossary.py Constraint); () = none.

@@ -37,6 +37,9 @@ class Hypothesis:
     score: float = float("nan")
     # Beam search with num_return_sequences > 1: the next best sequences, best first (no attention).
     alternatives: tuple[Hypothesis, ...] = ()
+    # (L, H, S) the attention of the step that wrote EOS (the last text token's own attention as input,
+    # which word timing by DTW reads); None when the sequence did not end with EOS or kept no attention.
+    eos_attention: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +143,9 @@ class DecodeStrategy(abc.ABC):
                              dtype=np.int64)
             self._max_new = np.minimum(self._max_new, np.maximum(length_budget, np.maximum(floor, 1)))
         self._source_lengths = np.array([r.source.length for r in self.requests], dtype=np.int64)  # (N,)
+        # Forced prompt tokens (Whisper's) count in no length normalisation, as generate's decoder_input_ids.
+        self._prompt = np.array([r.forced_start.prompt_length if r.forced_start else 0 for r in self.requests],
+                                dtype=np.int64)  # (N,)
         self._wants_attention = np.array([r.keeps_attention for r in self.requests], dtype=bool)
         self.history = History(keep_attention=bool(self._wants_attention.any()))
         self.rules = OutputRules(self.requests, eos)
@@ -171,11 +177,13 @@ class DecodeStrategy(abc.ABC):
         out = []
         for j, (index, reason) in enumerate(zip(indices, reasons)):
             n = tokens.shape[1] - (reason is FinishReason.EOS)
-            weights = None
+            weights = eos_weights = None
             if attention is not None and self._wants_attention[index]:
                 weights = attention[j, :n, ..., : self._source_lengths[index]]
+                eos_weights = attention[j, n, ..., : self._source_lengths[index]] if n < tokens.shape[1] else None
             score = float(logprobs[j].sum(dtype=np.float64) / tokens.shape[1]) if scores is None else scores[j]
-            out.append(Hypothesis(int(index), tokens[j, :n], logprobs[j, :n], reason, weights, float(score)))
+            out.append(Hypothesis(int(index), tokens[j, :n], logprobs[j, :n], reason, weights, float(score),
+                                  eos_attention=eos_weights))
         return out
 
 
@@ -295,7 +303,7 @@ class BeamSearch(DecodeStrategy):
         """Keeps EOS candidates ranked among a request's k best as finished sequences (the best k)."""
         for i, j in zip(*np.nonzero(eos[:, : self.k])):
             found = self._finished[self._alive[i]]
-            found.append((scores[i, j] / (step + 1), step, i * 2 * self.k + j))
+            found.append((scores[i, j] / self._length(self._alive[i], step), step, i * 2 * self.k + j))
             found.sort(key=lambda f: -f[0])
             del found[self.k :]
             self._n_finished[self._alive[i]] = len(found)
@@ -305,8 +313,13 @@ class BeamSearch(DecodeStrategy):
         """(R,) requests that stop now: at their length limit, or unable to improve on k finished ones."""
         at_limit = step + 1 >= self._max_new[self._alive]
         full = self._n_finished[self._alive] >= self.k
-        beaten = self._early[self._alive] | (scores[:, 0] / (step + 1) <= self._worst[self._alive])
+        beaten = self._early[self._alive] | (scores[:, 0] / self._length(self._alive, step) <= self._worst[self._alive])
         return at_limit | (full & beaten)
+
+    def _length(self, index, step: int):
+        """The length a sequence of request(s) `index` ending at `step` is normalised by: its tokens after
+        the prompt, EOS included (at least 1)."""
+        return np.maximum(step + 1 - self._prompt[index], 1)
 
     def _best(self, i: int, entries: np.ndarray, scores: np.ndarray, step: int) -> Hypothesis:
         """The best finished sequence of alive request i, with the next best as its alternatives when the
@@ -314,7 +327,7 @@ class BeamSearch(DecodeStrategy):
         index = int(self._alive[i])
         options = [(s, st, e, FinishReason.EOS) for s, st, e in self._finished[index]]
         if step + 1 >= self._max_new[index]:
-            options += [(s / (step + 1), step, e, FinishReason.LENGTH) for s, e in zip(scores, entries)]
+            options += [(s / self._length(index, step), step, e, FinishReason.LENGTH) for s, e in zip(scores, entries)]
         options.sort(key=lambda o: -o[0])  # stable: among equal scores the first found wins, as max() did
         wanted = self.requests[index].num_return_sequences
         # Sequences a rule or suppression made impossible (score -inf) are no candidates.

@@ -8,6 +8,8 @@ opens one model of a repository by name.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pathlib
 from collections.abc import Sequence
 
@@ -72,6 +74,9 @@ def load_engine(
             f"{model.decoder_path}: logits have {classes} classes but {model.tokenizer_path} has only "
             f"{tokenizer.vocab_size} tokens"
         )
+    cap = model.manifest.limits.max_encoder_batch
+    if cap is not None and cap < batching.max_batch_size:  # the model's own bound on one encoder call
+        batching = dataclasses.replace(batching, max_batch_size=cap)
     return ModelEngine(model, runtime, tokenizer, batching)
 
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnserve.server.decoding import glossary
+from attnserve.server.attention.alignment import alignment_rows
 from attnserve.server.attention.attention import attention_matrix, combine_heads
 from attnserve.server.engine.batcher import WorkItem
 from attnserve.server.attention.explanation import explain
@@ -34,6 +35,7 @@ from attnserve.api.generation import (
 )
 from attnserve.server.model.manifest import Manifest
 from attnserve.server.decoding.prepared import PreparedRequest
+from attnserve.server.decoding.prompt import detected_language
 from attnserve.server.inputs.preprocessing import Preprocessor
 from attnserve.server.decoding.search import Hypothesis, StepEvents
 from attnserve.server.model.tokenization import Tokenizer
@@ -129,14 +131,11 @@ class ResultBuilder:
         attention = None
         if prepared.attention_layer is not None:
             attention = self._attention(prepared, hyp, ids, pieces, source_tokens)
-        words = []
-        if prepared.timestamp_layer is not None:
-            rows = combine_heads(hyp.attention, prepared.timestamp_layer)  # (R, S): mean of every head
-            words = self.preprocessor.word_timings(prepared.source, rows, pieces, tok.words(ids))
+        words = self._timed_words(prepared, hyp, ids, pieces) if prepared.timestamp_layer is not None else []
         return GenerationResult(
             model=self.manifest.name,
             text=tok.decode(ids),
-            target_language=prepared.target_language,
+            target_language=prepared.target_language or detected_language(self.manifest, ids),
             tokens=tokens,
             source_tokens=source_tokens,
             finish_reason=hyp.finish_reason,
@@ -147,6 +146,19 @@ class ResultBuilder:
             glossary=glossary.placements(prepared.constraints, ids),
             frames=self.preprocessor.frame_attention(prepared.source, attention) if attention is not None else [],
         )
+
+    def _timed_words(self, prepared: PreparedRequest, hyp: Hypothesis, ids: list[int], pieces: list[str]):
+        """Word timestamps: by DTW over the manifest's alignment heads (Whisper's), else from the timestamp
+        layer's head mean."""
+        spec = self.manifest.word_timestamps
+        if spec is None:
+            rows = combine_heads(hyp.attention, prepared.timestamp_layer)  # (R, S): mean of every head
+            return self.preprocessor.word_timings(prepared.source, rows, pieces, self.tokenizer.words(ids))
+        prompt = prepared.forced_start.prompt_length if prepared.forced_start else 0
+        rows = alignment_rows(hyp.attention, hyp.eos_attention, spec.alignment_heads, prompt)  # (R, K, S)
+        timed = ids[prompt : prompt + len(rows)]
+        return self.preprocessor.aligned_word_timings(prepared.source, rows, self.tokenizer.words(timed),
+                                                      self.tokenizer.is_special(timed), spec.median_filter_width)
 
     def _attention(self, prepared: PreparedRequest, hyp: Hypothesis, ids: list[int], pieces: list[str],
                    source_tokens: list[Token]):

@@ -19,6 +19,7 @@ from attnserve.server.decoding.glossary import Glossary
 from attnserve.api.language_detection import target_for
 from attnserve.server.model.manifest import Manifest
 from attnserve.server.decoding.prepared import PreparedRequest
+from attnserve.server.decoding.prompt import forced_start
 from attnserve.server.inputs.preprocessing import Preprocessor
 from attnserve.server.model.tokenization import check_text
 
@@ -57,8 +58,9 @@ class RequestValidator:
         m = self.manifest
         if request.model and request.model != m.name:
             raise ValueError(f"request for model '{request.model}' sent to model '{m.name}'")
-        language = request.target_language or target_for(m.source_languages, m.target_languages, request.text)
-        if language not in m.decoder_start:
+        detect = m.detect_language and not request.target_language  # the first step chooses (prompt.py)
+        language = request.target_language or ("" if detect else target_for(m.source_languages, m.target_languages, request.text))
+        if language not in m.decoder_start and not detect:
             supported = ", ".join(m.target_languages)
             raise ValueError(f"unknown target language '{language}' for model '{m.name}'; supported: {supported}")
         if request.source_language and request.source_language not in m.source_languages:
@@ -87,8 +89,8 @@ class RequestValidator:
             request=request,
             source=source,
             target_language=language,
-            start_id=m.decoder_start[language],
-            forced_first_id=m.forced_first_token.get(language),
+            start_id=m.decoder_start[language or m.target_languages[0]],
+            forced_start=forced_start(m, language, request.source_language),
             max_new_tokens=max_new_tokens,
             beam_size=beam_size,
             early_stopping=m.decoding.early_stopping,

@@ -32,6 +32,7 @@ from attnserve.api.generation import (
 )
 from attnserve.server.inputs.inputs import AudioInputSpec
 from attnserve.server.inputs.preprocessing import EncoderBatch, Preprocessor, pad_batch
+from attnserve.server.attention import alignment
 from attnserve.server.attention.timestamps import word_timings
 from attnserve.server.model.tokenization import Words
 
@@ -279,6 +280,14 @@ class AudioPreprocessor(Preprocessor):
 
     def word_timings(self, source: AudioSource, attention: np.ndarray, pieces: Sequence[str], words: Words) -> list[WordTiming]:
         return word_timings(attention, pieces, words, *self.column_spans(len(source.features)))
+
+    def aligned_word_timings(self, source: AudioSource, rows: np.ndarray, words: Words, special: Sequence[bool],
+                             median_width: int) -> list[WordTiming]:
+        # Only the frames of the audio itself (a fixed window's padding cut off), as transformers' num_frames.
+        features = self.spec.features
+        samples = round(source.seconds * features.sample_rate_hz)
+        columns = min(-(-samples // features.hop_length) // self.spec.time_reduction, rows.shape[-1])
+        return alignment.word_timings(rows[..., :columns], words, special, median_width, self.spec.seconds_per_column)
 
     def describe(self, info: ModelInfo) -> ModelInfo:
         spec = self.spec

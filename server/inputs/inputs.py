@@ -179,6 +179,15 @@ def _audio_input(r: FieldReader) -> AudioInputSpec:
         f_min=f.number("f_min", default=0.0),
         f_max=f.number("f_max", positive=True, default=None),
         log_floor=f.number("log_floor", positive=True),
+        # Whisper's variant (server/inputs/features.py); defaults: the bundled recognizer's features.
+        mel_scale=f.string("mel_scale", default="htk"),
+        filter_norm=f.get("filter_norm", (str, type(None)), default=None),
+        center=f.get("center", bool, default=False),
+        log=f.string("log", default="ln"),
+        dynamic_range=f.number("dynamic_range", positive=True, default=None),
+        add=f.number("add", default=0.0),
+        divide=f.number("divide", positive=True, default=1.0),
+        pad_seconds=f.number("pad_seconds", positive=True, default=None),
     )
     try:
         features = LogMelSpec(**values)

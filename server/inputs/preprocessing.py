@@ -132,6 +132,15 @@ class Preprocessor(abc.ABC):
         """
         return []
 
+    def aligned_word_timings(self, source: Source, rows: np.ndarray, words: Words, special: Sequence[bool],
+                             median_width: int) -> list[WordTiming]:
+        """Word timestamps by DTW over alignment heads (manifest word_timestamps; audio only); by default none.
+
+        Args:
+            rows: (R, K, S) each timed token's attention as the decoder's input, in the K alignment heads.
+        """
+        return []
+
     def frame_attention(self, source: Source, attention: AttentionMatrix) -> list[FrameAttention]:
         """Each row's attention summed per frame and on its most-attended frame, for kinds with frames
         (video); by default none."""

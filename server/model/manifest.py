@@ -54,6 +54,20 @@ class SpecialTokens:
     eos: int
     # Ids the decoder must never emit (padding, decoder-start / language tokens); optional in the manifest.
     suppress: tuple[int, ...] = ()
+    # Ids the first step after the decoder prompt must not emit (Whisper's begin_suppress_tokens: a blank
+    # or an empty transcript); optional.
+    begin_suppress: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class WordTimestampsSpec:
+    """Word times read from chosen heads' cross-attention by dynamic time warping (Whisper's alignment
+    heads; server/attention/alignment.py) instead of the default layer's monotonic path."""
+
+    # (layer, head) pairs whose attention is averaged.
+    alignment_heads: tuple[tuple[int, int], ...]
+    # Width of the median filter run along the frames of each head's normalised attention (odd).
+    median_filter_width: int = 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +76,10 @@ class Limits:
     max_source_tokens: int | None
     # Upper bound (and default) for generated tokens, EOS not counted.
     max_new_tokens: int
+    # Most requests one encoder call reads (their rows still join one decode batch); None = the server's
+    # --max-batch-size. Whisper's encoder attends over 1,500 x 1,500 positions per head: past a few clips
+    # a batch only costs memory bandwidth (bench/import_whisper_ctranslate2.py).
+    max_encoder_batch: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +203,16 @@ class Variant:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpeechTranslationSpec:
+    """Whisper's translate task: speech in any of the source languages written in `target`."""
+
+    # The one language translations are written in ("en").
+    target: str
+    # Source language -> the decoder prompt that translates from it.
+    prompt: Mapping[str, tuple[int, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     format_version: int
     name: str
@@ -218,6 +246,18 @@ class Manifest:
     # Target language -> the decoder's forced first output token (NLLB, M2M100: forced_bos_token_id, the
     # target-language token after the start token); empty when the model chooses its first token itself.
     forced_first_token: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Target language -> tokens fed after the start token before the model generates (Whisper's
+    # <|en|> <|transcribe|> <|notimestamps|>): forced outputs that, as a prompt, count in no length
+    # normalisation; empty for other models.
+    decoder_prompt: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    # A request naming no target language gets the language whose decoder_prompt's first token the first
+    # step scores highest (Whisper's language detection); False: the first target language.
+    detect_language: bool = False
+    word_timestamps: WordTimestampsSpec | None = None
+    # Speech translation (Whisper's task=translate): a request whose source language differs from this
+    # target language gets the source's prompt (`<|de|> <|translate|> <|notimestamps|>`) instead of the
+    # target's; None: the output is always in the language written (transcription).
+    speech_translation: SpeechTranslationSpec | None = None
 
 
 class FieldReader:
@@ -354,6 +394,10 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         source_prefix=_optional_tokens(r, "source_prefix"),
         source_language_prefix=_optional_tokens(r, "source_language_prefix"),
         forced_first_token=_optional_tokens(r, "forced_first_token"),
+        decoder_prompt=_decoder_prompt(r),
+        detect_language=r.get("detect_language", bool, False),
+        word_timestamps=_word_timestamps(r, attention),
+        speech_translation=_speech_translation(r),
     )
     _check_consistency(manifest, where)
     return manifest
@@ -387,11 +431,12 @@ def _decoding_defaults(r: FieldReader) -> DecodingDefaults:
 
 
 def _limits(r: FieldReader, spec: InputSpec) -> Limits:
+    encoder_batch = r.integer("max_encoder_batch", 1, default=None)
     if spec.kind == "text":
-        return Limits(r.integer("max_source_tokens", 1), r.integer("max_new_tokens", 1))
+        return Limits(r.integer("max_source_tokens", 1), r.integer("max_new_tokens", 1), encoder_batch)
     if "max_source_tokens" in r.data:
         r.fail(f"max_source_tokens applies to text input; the limits of {spec.kind} input are in 'input'")
-    return Limits(None, r.integer("max_new_tokens", 1))
+    return Limits(None, r.integer("max_new_tokens", 1), encoder_batch)
 
 
 def _tokenizer(r: FieldReader) -> TokenizerSpec:
@@ -418,7 +463,11 @@ def _special_tokens(r: FieldReader) -> SpecialTokens:
     suppress = r.get("suppress", list, [])
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in suppress):
         raise ValueError(f"{r.where}: field 'special_tokens.suppress' must be a list of token ids, got {suppress!r}")
-    tokens = SpecialTokens(*(r.integer(k, 0) for k in ("pad", "unk", "eos")), suppress=tuple(suppress))
+    begin = r.get("begin_suppress", list, [])
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in begin):
+        raise ValueError(f"{r.where}: field 'special_tokens.begin_suppress' must be a list of token ids, got {begin!r}")
+    tokens = SpecialTokens(*(r.integer(k, 0) for k in ("pad", "unk", "eos")), suppress=tuple(suppress),
+                           begin_suppress=tuple(begin))
     if tokens.eos in tokens.suppress:
         raise ValueError(f"{r.where}: field 'special_tokens.suppress' holds the eos id {tokens.eos}")
     return tokens
@@ -509,6 +558,41 @@ def _optional_tokens(r: FieldReader, key: str) -> Mapping[str, int]:
     return _decoder_start(r.obj(key)) if key in r.data else types.MappingProxyType({})
 
 
+def _speech_translation(r: FieldReader) -> SpeechTranslationSpec | None:
+    if "speech_translation" not in r.data:
+        return None
+    t = r.obj("speech_translation")
+    return SpeechTranslationSpec(t.string("target"), _decoder_prompt(t, "prompt"))
+
+
+def _decoder_prompt(r: FieldReader, key: str = "decoder_prompt") -> Mapping[str, tuple[int, ...]]:
+    if key not in r.data:
+        return types.MappingProxyType({})
+    prompt = r.obj(key)
+    table = {}
+    for language, ids in prompt.data.items():
+        if not (isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+            prompt.fail_field(language, f"must be a non-empty list of token ids, got {ids!r}")
+        table[language] = tuple(ids)
+    return types.MappingProxyType(table)
+
+
+def _word_timestamps(r: FieldReader, attention: FieldReader) -> WordTimestampsSpec | None:
+    if "word_timestamps" not in r.data:
+        return None
+    w = r.obj("word_timestamps")
+    layers, heads = attention.integer("layers", 1), attention.integer("heads", 1)
+    pairs = w.get("alignment_heads", list)
+    if not pairs or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(i, int) for i in p)
+                            and 0 <= p[0] < layers and 0 <= p[1] < heads for p in pairs):
+        w.fail_field("alignment_heads", f"must be a non-empty list of [layer, head] within {layers} layers x "
+                                        f"{heads} heads, got {pairs!r}")
+    width = w.integer("median_filter_width", 1, default=WordTimestampsSpec.median_filter_width)
+    if width % 2 == 0:
+        w.fail_field("median_filter_width", f"must be odd, got {width}")
+    return WordTimestampsSpec(tuple(tuple(p) for p in pairs), width)
+
+
 def _state_init(r: FieldReader) -> str | None:
     init = r.get("init", (str, dict))
     if init == "zeros":
@@ -527,6 +611,18 @@ def _check_consistency(m: Manifest, where: str) -> None:
         raise ValueError(f"{where}: source_prefix must name a token for every target language, and only those")
     if m.forced_first_token and sorted(m.forced_first_token) != sorted(m.target_languages):
         raise ValueError(f"{where}: forced_first_token must name a token for every target language, and only those")
+    if m.decoder_prompt and sorted(m.decoder_prompt) != sorted(m.target_languages):
+        raise ValueError(f"{where}: decoder_prompt must name tokens for every target language, and only those")
+    if m.decoder_prompt and m.forced_first_token:
+        raise ValueError(f"{where}: decoder_prompt and forced_first_token do not combine; put the forced token in the prompt")
+    if m.detect_language and len({p[1:] for p in m.decoder_prompt.values()}) != 1:
+        raise ValueError(f"{where}: detect_language needs a decoder_prompt whose languages differ only in its first token")
+    t = m.speech_translation
+    if t is not None and (t.target not in m.target_languages or not set(t.prompt) <= set(m.source_languages)):
+        raise ValueError(f"{where}: speech_translation must name a target language and prompts of source languages")
+    prompted = {i for p in [*m.decoder_prompt.values(), *(t.prompt.values() if t else ())] for i in p}
+    if prompted & set(m.special_tokens.suppress):
+        raise ValueError(f"{where}: special_tokens.suppress holds prompt token(s) {sorted(prompted & set(m.special_tokens.suppress))}")
     if m.source_language_prefix and sorted(m.source_language_prefix) != sorted(m.source_languages):
         raise ValueError(f"{where}: source_language_prefix must name a token for every source language, and only those")
     extra = [lang for lang in m.decoder_start if lang not in m.target_languages]

@@ -184,7 +184,9 @@ def open_runtime(model: ModelVersion, options: RuntimeOptions = RuntimeOptions()
     variant = options.variant if options.variant in model.manifest.variants else None
     if options.variant and variant is None:
         logger.info("model %r has no %r variant: serving its default graphs", model.name, options.variant)
-    runtime = Runtime(*model.graph_paths(variant), options, variant or "")
+    spec = model.manifest.input
+    fixed = spec.kind == "audio" and spec.features.pad_seconds is not None  # every clip padded to one window
+    runtime = Runtime(*model.graph_paths(variant), options, variant or "", fixed_encoder_shapes=fixed)
     check_signatures(model.manifest, runtime.encoder_signature, runtime.decoder_signature)
     return runtime
 

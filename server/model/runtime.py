@@ -94,6 +94,7 @@ class Runtime:
         decoder_path: pathlib.Path,
         options: RuntimeOptions = RuntimeOptions(),
         variant: str = "",
+        fixed_encoder_shapes: bool = False,
     ):
         self.options = options
         self.variant = variant  # the manifest variant these graphs are ("" = the default graphs)
@@ -103,7 +104,10 @@ class Runtime:
         if options.share_weights and options.device == "cpu":  # on CUDA each session holds device copies anyway
             self.shared_weights = {name: ort.OrtValue.ortvalue_from_numpy(array)
                                    for name, array in shared_initializers(paths).items()}
-        self._encoder = _open_session(paths[0], options, self.shared_weights)
+        # An encoder that always reads one shape (Whisper's 30 s window) keeps ONNX Runtime's arena: its large
+        # buffers are then allocated once, not per call (16 whisper-tiny-sized clips: 15.8 s against 21.6 s).
+        encoder_options = dataclasses.replace(options, cpu_memory_arena=True) if fixed_encoder_shapes else options
+        self._encoder = _open_session(paths[0], encoder_options, self.shared_weights)
         self._decoder = _open_session(paths[1], options, self.shared_weights)
         self.encoder_signature = _signature(paths[0], self._encoder)
         self.decoder_signature = _signature(paths[1], self._decoder)

@@ -58,7 +58,7 @@ def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
     return gen.GenerationRequest(
         model=msg.model,
         text=msg.text.text if kind == "text" else "",
-        source_language=msg.text.source_language if kind == "text" else "",
+        source_language={"text": msg.text.source_language, "audio": msg.audio.source_language}.get(kind, ""),
         audio=_audio_from_proto(msg.audio) if kind == "audio" else None,
         image=gen.ImageInput(msg.image.data) if kind == "image" else None,
         video=gen.VideoInput(msg.video.data, tuple(msg.video.frames), msg.video.frames_per_second)
@@ -81,7 +81,8 @@ def request_from_proto(msg: pb.GenerateRequest) -> gen.GenerationRequest:
 
 
 def request_to_proto(request: gen.GenerationRequest, source_language: str | None = None) -> pb.GenerateRequest:
-    """Converts a request to its wire form; `source_language` (text only) is optional on the wire only.
+    """Converts a request to its wire form; `source_language` (text; the request's own also for audio) is
+    optional on the wire only.
 
     Raises:
         ValueError: the request carries more than one input (the wire's `input` holds one).
@@ -93,6 +94,8 @@ def request_to_proto(request: gen.GenerationRequest, source_language: str | None
     inputs = {}
     if request.audio is not None:
         inputs["audio"] = _audio_to_proto(request.audio)
+        if request.source_language:  # the spoken language (speech translation)
+            inputs["audio"].source_language = request.source_language
     if request.image is not None:
         inputs["image"] = pb.ImageInput(data=request.image.data)
     if request.video is not None:
