@@ -25,7 +25,7 @@ import wave
 import numpy as np
 
 from attnserve.export.common.serving import open_engine
-from attnserve.export.speech import evaluate
+from attnserve.export.speech import evaluate, manifest
 from attnserve.export.speech.scoring import error_rate
 
 _NOT_WORD = re.compile(r"[^a-z' ]")
@@ -68,7 +68,7 @@ def subset(corpus: pathlib.Path, split: str, clips: int | None) -> str:
 
 
 def rows_of(corpus: pathlib.Path, split: str) -> list[dict]:
-    return [json.loads(line) for line in (corpus / f"{split}.jsonl").read_text().splitlines() if line.strip()]
+    return manifest.read(corpus / f"{split}.jsonl")
 
 
 def sphinx_split(corpus: pathlib.Path, split: str) -> dict:

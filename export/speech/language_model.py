@@ -17,7 +17,7 @@ import json
 import pathlib
 
 from attnserve.export.common.ngram_build import bits_per_token, build
-from attnserve.export.speech import vocabulary
+from attnserve.export.speech import manifest, vocabulary
 from attnserve.export.speech.build import read_corpus
 from attnserve.export.speech.text import select
 
@@ -32,8 +32,8 @@ def transcripts(corpus: pathlib.Path) -> dict[str, list[str]]:
 
 
 def manifest_transcripts(paths: list[pathlib.Path]) -> list[str]:
-    """The `text` of every row of these speech manifests (JSON lines)."""
-    return [json.loads(line)["text"] for p in paths for line in p.read_text().splitlines() if line.strip()]
+    """The `text` of every row of these speech manifests."""
+    return [row["text"] for p in paths for row in manifest.read(p)]
 
 
 def main() -> None:
