@@ -406,23 +406,19 @@ def test_transcribe_over_grpc_translates_detects_and_times_words(repo, engine, t
 def test_the_page_transcribes_an_upload_as_grpc_does(repo):
     """The web page's endpoint (a WAV upload, words with their attention) on the imported model == gRPC."""
     pytest.importorskip("aiohttp")
-    import io
     import urllib.request
-    import wave
 
     import gateway_thread
     from attnserve.clients.client import audio_request
+    from fakes import wav_bytes
 
-    pcm = np.clip(CLIPS[1] * 32768, -32768, 32767).astype("<i2")
-    data = io.BytesIO()
-    with wave.open(data, "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000), w.writeframes(pcm.tobytes())
+    data = wav_bytes(CLIPS[1], 16000)
     with gateway_thread.demo(repo) as (url, client):
-        upload = urllib.request.Request(f"{url}/api/generate?model={NAME}", data=data.getvalue(),
+        upload = urllib.request.Request(f"{url}/api/generate?model={NAME}", data=data,
                                         headers={"Content-Type": "audio/wav"})
         with urllib.request.urlopen(upload, timeout=120) as response:
             page = json.loads(response.read())
-        want = client.generate(audio_request(data.getvalue(), model=NAME, attention=True, granularity="words"))
+        want = client.generate(audio_request(data, model=NAME, attention=True, granularity="words"))
     assert page["text"] == want.text and page["target_language"] == want.target_language
     assert [w["word"] for w in page["words"]] == [w.word for w in want.words] and want.words
     assert [w["start_seconds"] for w in page["words"]] == pytest.approx([w.start_seconds for w in want.words])
