@@ -44,6 +44,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import sentences  # bench/, beside this script
+from import_setup import peak_rss_mb
 from attnserve.clients.client import AsyncClient
 from attnserve.api.generation import GenerationRequest, GenerationResult
 from attnserve.server.engine.registry import open_model
@@ -91,20 +92,13 @@ class ServerProcess:
     def peak_rss_mb(self) -> float:
         """The server's peak resident memory, with its engine processes' (--engine-process) added: the sum of
         the peaks, an upper bound of the peak of the sum."""
-        return sum(_peak_rss_mb(pid) for pid in [self.process.pid, *_children(self.process.pid)])
+        return sum(peak_rss_mb(pid) for pid in [self.process.pid, *_children(self.process.pid)])
 
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(60)
         self.log.close()
         pathlib.Path(self.log.name).unlink()
-
-
-def _peak_rss_mb(pid: int) -> float:
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _children(pid: int) -> list[int]:

@@ -34,6 +34,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))  # tiny_marian.py
 
 from concurrency import ServerProcess, closed_loop  # bench/, beside this script
+from import_setup import import_and_convert
 
 from attnserve.clients.client import AsyncClient
 from attnserve.api.generation import GREEDY, DecodingOptions, GenerationRequest
@@ -45,23 +46,7 @@ def prepare(work: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, pathlib.Pat
     """Builds, imports and converts the checkpoint once (kept under --work); returns the folders and times."""
     import tiny_marian
 
-    checkpoint, repo, ct2 = work / "checkpoint", work / "repository", work / "ctranslate2"
-    times = {}
-    if not (checkpoint / "model.safetensors").is_file():
-        tiny_marian.build(checkpoint, real_sizes=True)
-    if not (repo / NAME / "1" / "manifest.json").is_file():
-        from attnserve.export.importers.command import import_checkpoint
-
-        started = time.perf_counter()
-        import_checkpoint(checkpoint, repo, NAME, 1)
-        times["import_s"] = time.perf_counter() - started
-    if not (ct2 / "model.bin").is_file():
-        from ctranslate2.converters import TransformersConverter
-
-        started = time.perf_counter()
-        TransformersConverter(str(checkpoint)).convert(str(ct2), force=True)
-        times["ctranslate2_convert_s"] = time.perf_counter() - started
-    return checkpoint, repo, ct2, times
+    return import_and_convert(work, NAME, lambda checkpoint: tiny_marian.build(checkpoint, real_sizes=True))
 
 
 def sentences(count: int) -> list[str]:

@@ -31,6 +31,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))  # tiny_whisper.py
 
+from import_setup import import_and_convert, peak_rss_mb  # bench/, beside this script
+
 NAME = "whisper-tiny-random"
 PROMPT = 3  # <|en|> <|transcribe|> <|notimestamps|> after <|startoftranscript|>
 
@@ -39,31 +41,8 @@ def prepare(work: pathlib.Path, size: str = "tiny") -> tuple[pathlib.Path, pathl
     """Builds, imports and converts the checkpoint once (kept under --work); returns the folders and times."""
     import tiny_whisper
 
-    checkpoint, repo, ct2 = work / "checkpoint", work / "repository", work / "ctranslate2"
-    times = {}
-    if not (checkpoint / "model.safetensors").is_file():
-        tiny_whisper.build(checkpoint, real_sizes=True if size == "tiny" else size)
-    if not (repo / NAME / "1" / "manifest.json").is_file():
-        from attnserve.export.importers.command import import_checkpoint
-
-        started = time.perf_counter()
-        import_checkpoint(checkpoint, repo, NAME, 1)
-        times["import_s"] = time.perf_counter() - started
-    if not (ct2 / "model.bin").is_file():
-        from ctranslate2.converters import TransformersConverter
-
-        started = time.perf_counter()
-        TransformersConverter(str(checkpoint)).convert(str(ct2), force=True)
-        times["ctranslate2_convert_s"] = time.perf_counter() - started
-    return checkpoint, repo, ct2, times
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory (VmHWM: per address space, so a child's own after exec)."""
-    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    return import_and_convert(work, NAME, lambda checkpoint: tiny_whisper.build(
+        checkpoint, real_sizes=True if size == "tiny" else size))
 
 
 def attnserve_run(repo: pathlib.Path, clips, max_new: int) -> dict:
@@ -95,7 +74,7 @@ import numpy as np
 import ctranslate2
 folder, features_path, prompt, max_new = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 sys.path.insert(0, sys.argv[5])
-from import_whisper_ctranslate2 import peak_rss_mb
+from import_setup import peak_rss_mb
 started = time.perf_counter()
 model = ctranslate2.models.Whisper(folder, device="cpu", compute_type="float32", intra_threads=1, inter_threads=1)
 load_s = time.perf_counter() - started
