@@ -241,6 +241,27 @@ def test_channel_speed_and_band_change_length_and_spectrum():
     assert spectrum[freqs > 4000].mean() < 0.05 * spectrum[(freqs > 500) & (freqs < 2500)].mean()
 
 
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dpkg-deb is not installed")
+def test_fetch_unpacks_into_a_fresh_output_folder(tmp_path):
+    """A first build has no `pkg/` folder yet: fetch makes it (dpkg-deb -x makes only the last folder)."""
+    import subprocess
+
+    tree = tmp_path / "src"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN" / "control").write_text(
+        "Package: tiny-voice\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@t>\nDescription: t\n")
+    (tree / "usr/share/tiny").mkdir(parents=True)
+    (tree / "usr/share/tiny/line.txt").write_text("hello")
+    out = tmp_path / "fresh"
+    (out / "debs").mkdir(parents=True)
+    subprocess.run(["dpkg-deb", "-b", str(tree), str(out / "debs" / "tiny-voice_1.0_all.deb")], check=True,
+                   capture_output=True)
+    root = real.fetch(out, "tiny-voice")
+    assert root == out / "pkg" / "tiny-voice"
+    assert (root / "usr/share/tiny/line.txt").read_text() == "hello"
+    assert real.fetch(out, "tiny-voice") == root  # unpacked once
+
+
 # --- the real packages ----------------------------------------------------------------------------------
 
 def _package_root(package: str) -> pathlib.Path | None:
@@ -286,6 +307,30 @@ def test_mix_dev_rows_let_voices_take_turns(tmp_path):
     turns = mix.dev_rows(tmp_path, "real")
     assert [r["id"] for r in turns] == ["real_a0", "real_b0", "real_c0", "real_a1", "real_c1", "real_a2"]
     assert turns[0]["path"] == "real/dev/a0.wav"
+
+
+@pytest.mark.skipif(not HAS_SOX, reason="sox is not installed")
+def test_mix_clean_copies_keep_the_clip_and_channel_copies_change_it(tmp_path):
+    """--clean (the channel ablation's control) levels each copy and changes nothing else."""
+    from attnserve.export.speech import mix
+
+    real_dir = tmp_path / "real"
+    t = np.arange(16000) / 16000
+    samples = (6000 * np.sin(2 * np.pi * 300 * t)).astype(np.int16)
+    (real_dir / "train").mkdir(parents=True)
+    mix.write_wav(real_dir / "train" / "a.wav", samples)
+    manifest.write(real_dir / "train.jsonl", [{**_row("a", "q:A"), "split": "train", "path": "train/a.wav"}])
+    manifest.write(real_dir / "dev.jsonl", [_row("d", "q:A")])
+    clean = mix.build(real_dir, None, tmp_path / "clean", 1, 1, 1, clean=True)
+    noisy = mix.build(real_dir, None, tmp_path / "noisy", 3, 1, 1)
+    assert clean["clean"] and not noisy["clean"]
+    [row] = manifest.read(tmp_path / "clean" / "train.jsonl")
+    assert row["augmentation"]["channel"] == {}
+    copy = mix.read_wav(tmp_path / "clean" / row["path"]).astype(float)
+    level = 10 ** (-3 / 20) / (6000 / 32768)  # -3 dBFS peak
+    assert np.abs(copy - samples * level).max() <= 2
+    channels = [r["augmentation"]["channel"] for r in manifest.read(tmp_path / "noisy" / "train.jsonl")]
+    assert len(channels) == 3 and all(channels)
 
 
 def test_sphinx_words_and_merged_runs(tmp_path):

@@ -8,6 +8,9 @@ Writes `<out>/train/<id>.wav` (each a channel copy, export/speech/channel.py) an
 the model is meant for) through the link `<out>/real`: what `speech.train --corpus <out>` selects on.
 `test_real_heldout` and the synthesized dev and test splits are never read here. Rerunning with more
 sources or copies keeps the copies already written (a copy is a function of its id).
+
+`--clean` writes the same rows without channels (each copy only levelled to -3 dBFS): the control of the
+channel ablation (docs/speech-corpus.md), trained beside a channel build from the same weights.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Task:
     copy: int
     uid: str
     out: pathlib.Path
+    clean: bool = False  # no channel: the ablation's control
 
 
 def read_wav(path: pathlib.Path) -> np.ndarray:
@@ -55,7 +59,7 @@ def write_wav(path: pathlib.Path, samples: np.ndarray) -> None:
 def run(task: Task) -> dict | None:
     """The new row of one channel copy (None if sox failed on it)."""
     rng = random.Random(f"mix/{task.uid}")
-    chosen = channel.sample(rng, len(channel.rooms()))
+    chosen = channel.Channel() if task.clean else channel.sample(rng, len(channel.rooms()))
     target = task.out / "train" / f"{task.uid}.wav"
     if target.exists():  # a copy is a function of its id: an earlier build's file is the same
         samples = read_wav(target)
@@ -74,9 +78,10 @@ def run(task: Task) -> dict | None:
     return row
 
 
-def tasks(corpus: pathlib.Path, prefix: str, copies: int, out: pathlib.Path) -> list[Task]:
+def tasks(corpus: pathlib.Path, prefix: str, copies: int, out: pathlib.Path, clean: bool = False) -> list[Task]:
     rows = manifest.read(corpus / "train.jsonl")
-    return [Task(row, corpus / row["path"], k, f"{prefix}{k}_{row['id']}", out) for k in range(copies) for row in rows]
+    return [Task(row, corpus / row["path"], k, f"{prefix}{k}_{row['id']}", out, clean)
+            for k in range(copies) for row in rows]
 
 
 def link(out: pathlib.Path, name: str, target: pathlib.Path) -> None:
@@ -97,14 +102,14 @@ def dev_rows(corpus: pathlib.Path, prefix: str) -> list[dict]:
 
 
 def build(real: pathlib.Path, tts: pathlib.Path | None, out: pathlib.Path, real_copies: int, tts_copies: int,
-          jobs: int) -> dict:
+          jobs: int, clean: bool = False) -> dict:
     channel.rooms()  # computed once, before the workers fork
     (out / "train").mkdir(parents=True, exist_ok=True)
-    work = tasks(real, "r", real_copies, out)
+    work = tasks(real, "r", real_copies, out, clean)
     dev = dev_rows(real, "real")
     link(out, "real", real)
     if tts is not None:
-        work += tasks(tts, "t", tts_copies, out)
+        work += tasks(tts, "t", tts_copies, out, clean)
         link(out, "tts", tts)
     random.Random(0).shuffle(work)  # both kinds in every stretch of the build's progress
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
@@ -118,7 +123,7 @@ def build(real: pathlib.Path, tts: pathlib.Path | None, out: pathlib.Path, real_
         hours[kind] = hours.get(kind, 0.0) + row["duration"] / 3600
     stats = {"train_clips": len(rows), "failed": len(work) - len(rows), "dev_clips": len(dev),
              "train_hours": {k: round(v, 3) for k, v in hours.items()}, "real_copies": real_copies,
-             "tts_copies": tts_copies, "rooms": len(channel.rooms())}
+             "tts_copies": tts_copies, "rooms": len(channel.rooms()), "clean": clean}
     (out / "stats.json").write_text(json.dumps(stats, indent=1))
     return stats
 
@@ -131,9 +136,11 @@ def main() -> None:
     parser.add_argument("--real-copies", type=int, default=2, help="channel copies of each recorded clip")
     parser.add_argument("--tts-copies", type=int, default=1, help="channel copies of each synthesized clip")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--clean", action="store_true", help="no channels: the ablation's control")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    print(json.dumps(build(args.real, args.tts, args.out, args.real_copies, args.tts_copies, args.jobs), indent=1))
+    print(json.dumps(build(args.real, args.tts, args.out, args.real_copies, args.tts_copies, args.jobs,
+                                args.clean), indent=1))
 
 
 if __name__ == "__main__":

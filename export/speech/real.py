@@ -69,6 +69,7 @@ def fetch(out: pathlib.Path, package: str) -> pathlib.Path:
     deb = sorted(debs.glob(f"{package}_*.deb"))[-1]
     staging = target.with_suffix(".partial")
     shutil.rmtree(staging, ignore_errors=True)
+    staging.parent.mkdir(parents=True, exist_ok=True)  # dpkg-deb -x makes the folder, not its parents
     subprocess.run(["dpkg-deb", "-x", str(deb), str(staging)], check=True)
     staging.rename(target)
     return target
