@@ -311,14 +311,17 @@ def test_mix_dev_rows_let_voices_take_turns(tmp_path):
 
 @pytest.mark.skipif(not HAS_SOX, reason="sox is not installed")
 def test_mix_clean_copies_keep_the_clip_and_channel_copies_change_it(tmp_path):
-    """--clean (the channel ablation's control) levels each copy and changes nothing else."""
+    """--clean (the channel ablation's control) levels each copy and changes nothing else; dev_channel is the
+    recorded dev through random channels, the same in both builds."""
     from attnserve.export.speech import mix
 
     real_dir = tmp_path / "real"
     t = np.arange(16000) / 16000
     samples = (6000 * np.sin(2 * np.pi * 300 * t)).astype(np.int16)
-    (real_dir / "train").mkdir(parents=True)
+    for folder in ("train", "dev"):
+        (real_dir / folder).mkdir(parents=True)
     mix.write_wav(real_dir / "train" / "a.wav", samples)
+    mix.write_wav(real_dir / "dev" / "d.wav", samples)
     manifest.write(real_dir / "train.jsonl", [{**_row("a", "q:A"), "split": "train", "path": "train/a.wav"}])
     manifest.write(real_dir / "dev.jsonl", [_row("d", "q:A")])
     clean = mix.build(real_dir, None, tmp_path / "clean", 1, 1, 1, clean=True)
@@ -331,6 +334,11 @@ def test_mix_clean_copies_keep_the_clip_and_channel_copies_change_it(tmp_path):
     assert np.abs(copy - samples * level).max() <= 2
     channels = [r["augmentation"]["channel"] for r in manifest.read(tmp_path / "noisy" / "train.jsonl")]
     assert len(channels) == 3 and all(channels)
+    # Both builds score on the same dev clips through the same channels, --clean or not.
+    for build in ("clean", "noisy"):
+        [dev] = manifest.read(tmp_path / build / "dev_channel.jsonl")
+        assert dev["augmentation"]["channel"] and (tmp_path / build / dev["path"]).exists()
+    assert (tmp_path / "clean" / "dev_channel.jsonl").read_text() == (tmp_path / "noisy" / "dev_channel.jsonl").read_text()
 
 
 def test_sphinx_words_and_merged_runs(tmp_path):

@@ -6,6 +6,9 @@
 Writes `<out>/train/<id>.wav` (each a channel copy, export/speech/channel.py) and `<out>/train.jsonl`, and a
 `dev.jsonl` that names the real corpus's dev clips (held-out Amazon Queen characters, recorded speech as
 the model is meant for) through the link `<out>/real`: what `speech.train --corpus <out>` selects on.
+`dev_channel.jsonl` holds the same dev clips through one random channel each (`dev_channel/<id>.wav`): the
+dev clips share the training game's studio and codec, so a model that never hears other channels looks
+better on `dev` than it is on other recordings; selecting on both keeps that in view.
 `test_real_heldout` and the synthesized dev and test splits are never read here. Rerunning with more
 sources or copies keeps the copies already written (a copy is a function of its id).
 
@@ -39,6 +42,7 @@ class Task:
     uid: str
     out: pathlib.Path
     clean: bool = False  # no channel: the ablation's control
+    folder: str = "train"  # where the copy goes under `out`
 
 
 def read_wav(path: pathlib.Path) -> np.ndarray:
@@ -60,7 +64,7 @@ def run(task: Task) -> dict | None:
     """The new row of one channel copy (None if sox failed on it)."""
     rng = random.Random(f"mix/{task.uid}")
     chosen = channel.Channel() if task.clean else channel.sample(rng, len(channel.rooms()))
-    target = task.out / "train" / f"{task.uid}.wav"
+    target = task.out / task.folder / f"{task.uid}.wav"
     if target.exists():  # a copy is a function of its id: an earlier build's file is the same
         samples = read_wav(target)
     else:
@@ -72,15 +76,16 @@ def run(task: Task) -> dict | None:
         write_wav(target.with_suffix(".tmp"), samples)
         target.with_suffix(".tmp").rename(target)
     row = dict(task.row)
-    row.update(id=task.uid, path=f"train/{task.uid}.wav", duration=round(len(samples) / channel.SAMPLE_RATE, 4),
+    row.update(id=task.uid, path=f"{task.folder}/{task.uid}.wav", duration=round(len(samples) / channel.SAMPLE_RATE, 4),
                augmentation={**row["augmentation"], "channel": chosen.changes(), "of": task.row["id"]},
                words=[], word_times="none", inexact_words=0)
     return row
 
 
-def tasks(corpus: pathlib.Path, prefix: str, copies: int, out: pathlib.Path, clean: bool = False) -> list[Task]:
-    rows = manifest.read(corpus / "train.jsonl")
-    return [Task(row, corpus / row["path"], k, f"{prefix}{k}_{row['id']}", out, clean)
+def tasks(corpus: pathlib.Path, prefix: str, copies: int, out: pathlib.Path, clean: bool = False,
+          split: str = "train", folder: str = "train") -> list[Task]:
+    rows = manifest.read(corpus / f"{split}.jsonl")
+    return [Task(row, corpus / row["path"], k, f"{prefix}{k}_{row['id']}", out, clean, folder)
             for k in range(copies) for row in rows]
 
 
@@ -122,10 +127,22 @@ def build(real: pathlib.Path, tts: pathlib.Path | None, out: pathlib.Path, real_
         kind = "recorded" if row["engine"] == "recorded" else "synthesized"
         hours[kind] = hours.get(kind, 0.0) + row["duration"] / 3600
     stats = {"train_clips": len(rows), "failed": len(work) - len(rows), "dev_clips": len(dev),
+             "dev_channel_clips": dev_channel(real, out, jobs),
              "train_hours": {k: round(v, 3) for k, v in hours.items()}, "real_copies": real_copies,
              "tts_copies": tts_copies, "rooms": len(channel.rooms()), "clean": clean}
     (out / "stats.json").write_text(json.dumps(stats, indent=1))
     return stats
+
+
+def dev_channel(real: pathlib.Path, out: pathlib.Path, jobs: int) -> int:
+    """Writes `dev_channel.jsonl`: each recorded dev clip through one random channel (even for --clean,
+    whose control it measures); returns its clip count."""
+    (out / "dev_channel").mkdir(parents=True, exist_ok=True)
+    work = tasks(real, "dc", 1, out, split="dev", folder="dev_channel")
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        rows = [row for row in pool.imap(run, work, chunksize=8) if row is not None]
+    manifest.write(out / "dev_channel.jsonl", rows)
+    return len(rows)
 
 
 def main() -> None:
