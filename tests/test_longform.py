@@ -4,15 +4,19 @@ recording longer than its window, served, against each segment decoded alone off
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import io
 import os
 import pathlib
 import threading
+from concurrent.futures import Future
 
 import grpc
 import numpy as np
 import pytest
 
+from attnserve.api import convert
 from attnserve.clients.client import AttnServeError, Client, audio_request
 from attnserve.server.edge import app
 from attnserve.server.inputs import audio_files
@@ -24,10 +28,12 @@ from attnserve.api.generation import (
     DecodingOptions,
     GenerationRequest,
     GenerationResult,
+    OverloadedError,
     TranscriptSegment,
 )
 from attnserve.server.engine.longform import LongFormEngine, LongFormOptions
 from attnserve.server.model.repository import find_models
+from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from fakes import wav_bytes
 from speech_clips import RATE, espeak, recording
 
@@ -345,10 +351,13 @@ def test_engines_in_child_processes_cut_long_recordings_as_in_process(tiny_speec
     asked = dataclasses.replace(audio_request(wav, model=TINY_SPEECH_NAME), decoding=GREEDY)
     answers = []
     for in_process in (True, False):
-        options = app.ServeOptions(models=str(tiny_speech_repo), engine_process=not in_process)
+        options = app.ServeOptions(models=str(tiny_speech_repo), engine_process=not in_process,
+                                   max_long_form_recordings=3, max_long_form_recordings_per_client=3)
         engines, _ = app.load_models(options)
         try:
             assert isinstance(engines[TINY_SPEECH_NAME], LongFormEngine)
+            bounds = engines[TINY_SPEECH_NAME].options
+            assert (bounds.max_recordings, bounds.max_recordings_per_client) == (3, 3)  # the flags reach it
             answers.append(engines[TINY_SPEECH_NAME].generate(asked, WAIT))
         finally:
             for engine in engines.values():
@@ -357,9 +366,8 @@ def test_engines_in_child_processes_cut_long_recordings_as_in_process(tiny_speec
 
 
 def test_long_recordings_past_max_recordings_are_refused_until_one_ends(engine, spoken):
-    from attnserve.api.generation import OverloadedError
-
-    bounded = LongFormEngine(engine._engine, dataclasses.replace(engine.options, max_recordings=1))
+    bounded = LongFormEngine(engine._engine, dataclasses.replace(engine.options, max_recordings=1,
+                                                                 max_recordings_per_client=1))
     try:
         first = bounded.submit(request(spoken[0]))
         busy = r"transcribing 1 long recordings.*--max-long-form-recordings"
@@ -372,3 +380,180 @@ def test_long_recordings_past_max_recordings_are_refused_until_one_ends(engine, 
         assert bounded.submit(request(spoken[0])).result(WAIT).text == first.result().text
     finally:
         bounded._pool.shutdown(wait=True)  # the engine inside is the module's, closed by its fixture
+
+
+class _Held:
+    """An engine that holds the requests submitted to it, unanswered, until `release()`, and from then on passes
+    them to the real one: long recordings on it stay in progress for as long as a test needs."""
+
+    def __init__(self, inner):
+        self._inner, self._held, self._ours, self._released = inner, [], set(), False
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def submit(self, request, on_token=None):  # no **keywords: a client key passed on would fail here
+        with self._lock:
+            if not self._released:
+                future = Future()
+                self._held.append((request, future))
+                self._ours.add(future)
+                return future
+        return self._inner.submit(request, on_token)
+
+    def cancel(self, future):
+        if future in self._ours:
+            future.cancel()
+        else:
+            self._inner.cancel(future)
+
+    def release(self):
+        with self._lock:
+            held, self._held, self._released = self._held, [], True
+        for request, future in held:
+            if not future.cancelled():
+                self._inner.submit(request).add_done_callback(functools.partial(_copy, future))
+
+    def close(self, *args, **keywords):
+        pass  # the real engine is the module's, closed by its fixture
+
+
+def _copy(target: Future, source: Future) -> None:
+    if target.cancelled():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())
+    else:
+        target.set_result(source.result())
+
+
+def _held(engine, **bounds) -> tuple[_Held, LongFormEngine]:
+    held = _Held(engine._engine)
+    return held, LongFormEngine(held, dataclasses.replace(engine.options, **bounds))
+
+
+PER_CLIENT = (r"this client is already transcribing {} long recordings on model 'speech-en', its most at once "
+              r"\(--max-long-form-recordings-per-client\); retry later")
+PER_MODEL = r"model 'speech-en' is transcribing {} long recordings, its most at once \(--max-long-form-recordings\)"
+
+
+def test_one_client_at_its_bound_is_refused_while_another_is_still_admitted(engine, spoken):
+    _, bounded = _held(engine, max_recordings=4, max_recordings_per_client=2)
+    try:
+        mine = [bounded.submit(request(spoken[0]), client="ip:10.0.0.1") for _ in range(2)]
+        with pytest.raises(OverloadedError, match=PER_CLIENT.format(2)) as refused:
+            bounded.submit(request(spoken[0]), client="ip:10.0.0.1")
+        assert refused.value.reason == "long_form_recordings_per_client"
+        theirs = bounded.submit(request(spoken[0]), client="ip:10.0.0.2")
+        assert not theirs.done() and all(not f.done() for f in mine) and len(bounded._jobs) == 3
+    finally:
+        bounded.close()
+
+
+def test_a_clients_slot_comes_back_when_its_recording_is_cancelled_fails_or_finishes(engine, spoken):
+    held, bounded = _held(engine, max_recordings=4, max_recordings_per_client=1)
+    client = "token:0123456789abcdef"
+    try:
+        first = bounded.submit(request(spoken[0]), client=client)
+        with pytest.raises(OverloadedError, match=PER_CLIENT.format(1)):
+            bounded.submit(request(spoken[0]), client=client)
+        bounded.cancel(first)  # cancelled: its slot comes back
+        with pytest.raises(ValueError, match="cannot read the MP3 file"):
+            bounded.submit(request(b"ID3" + bytes(5000)), client=client)  # fails while decoding: so does its slot
+        import soundfile
+
+        out = io.BytesIO()
+        soundfile.write(out, read_wav(spoken[0]).samples()[: 4 * RATE], RATE, format="FLAC")
+        bounded.cancel(bounded.submit(request(out.getvalue()), client=client))  # within the window: no recording
+        second = bounded.submit(request(spoken[0]), client=client)
+        with pytest.raises(OverloadedError, match=PER_CLIENT.format(1)):
+            bounded.submit(request(spoken[0]), client=client)
+        held.release()
+        assert second.result(WAIT).segments
+        _wait_until(lambda: not bounded._clients)  # finished: its slot comes back (just after its result is set)
+        third = bounded.submit(request(spoken[0]), client=client)
+        bounded.cancel(third)
+        assert bounded._clients == {} and bounded._jobs == {}
+    finally:
+        bounded.close()
+
+
+def test_requests_that_name_no_client_are_bound_per_model_only(engine, spoken):
+    _, bounded = _held(engine, max_recordings=2, max_recordings_per_client=1)
+    try:
+        anonymous = [bounded.submit(request(spoken[0])) for _ in range(2)]  # more than one client's bound
+        with pytest.raises(OverloadedError, match=PER_MODEL.format(2)) as refused:
+            bounded.submit(request(spoken[0]))
+        assert refused.value.reason == "long_form_recordings"
+        with pytest.raises(OverloadedError) as refused:  # the model is full for a client with no recording too
+            bounded.submit(request(spoken[0]), client="ip:10.0.0.1")
+        assert refused.value.reason == "long_form_recordings" and bounded._clients == {}
+        bounded.cancel(anonymous[0])
+        bounded.cancel(bounded.submit(request(spoken[0])))
+    finally:
+        bounded.close()
+
+
+def _wait_until(condition) -> None:
+    for _ in range(400):
+        if condition():
+            return
+        threading.Event().wait(0.05)
+    raise AssertionError("timed out")
+
+
+def _refusals(reason: str) -> float:
+    from prometheus_client import REGISTRY
+
+    labels = {"model": NAME, "code": "RESOURCE_EXHAUSTED", "reason": reason}
+    return REGISTRY.get_sample_value("attnserve_rejected_requests_total", labels) or 0.0
+
+
+def test_the_server_keys_clients_by_address_and_refuses_a_third_long_recording_from_one(engine, spoken):
+    _, bounded = _held(engine)  # the server's defaults: 4 per model, 2 per client
+    proto = convert.request_to_proto(request(spoken[0]))
+    with app.BackgroundServer({NAME: bounded}) as server, grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.AttnServeStub(channel)
+        calls = [stub.Generate.future(proto), stub.Generate.future(proto)]
+        _wait_until(lambda: len(bounded._jobs) == 2)
+        assert bounded._clients == {"ip:127.0.0.1": 2}  # the peer's address, without its port
+        before = _refusals("long_form_recordings_per_client")
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Generate(proto, timeout=WAIT)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refused.value.details().startswith("this client is already transcribing 2 long recordings")
+        assert _refusals("long_form_recordings_per_client") == before + 1
+        calls[0].cancel()  # the call's recording is cancelled on the server: its slot comes back
+        _wait_until(lambda: bounded._clients == {"ip:127.0.0.1": 1})
+        calls.append(stub.Generate.future(proto))
+        _wait_until(lambda: len(bounded._jobs) == 2)
+        for call in calls:
+            call.cancel()
+        _wait_until(lambda: not bounded._jobs)
+    assert bounded._clients == {}
+
+
+def test_with_tokens_the_server_keys_clients_by_a_hash_of_their_token(engine, spoken):
+    _, bounded = _held(engine, max_recordings_per_client=1)
+    proto = convert.request_to_proto(request(spoken[0]))
+    alpha, beta = [[("authorization", f"Bearer {token}")] for token in ("alpha-secret", "beta-secret")]
+    tokens = frozenset({"alpha-secret", "beta-secret"})
+    with (app.BackgroundServer({NAME: bounded}, tokens=tokens) as server,
+          grpc.insecure_channel(server.address) as channel):
+        stub = pb_grpc.AttnServeStub(channel)
+        calls = [stub.Generate.future(proto, metadata=alpha)]
+        _wait_until(lambda: len(bounded._jobs) == 1)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Generate(proto, timeout=WAIT, metadata=alpha)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-long-form-recordings-per-client" in refused.value.details()
+        calls.append(stub.Generate.future(proto, metadata=beta))  # the same address, another client
+        _wait_until(lambda: len(bounded._jobs) == 2)
+        keys = {"token:" + hashlib.sha256(token.encode()).hexdigest()[:16]: 1 for token in sorted(tokens)}
+        assert bounded._clients == keys and not any("secret" in key for key in bounded._clients)
+        for call in calls:
+            call.cancel()
+        _wait_until(lambda: not bounded._jobs)

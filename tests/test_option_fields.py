@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import pytest
 
 from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.longform import LongFormOptions
 from attnserve.server.model.option_fields import bounded, check, mirror
 from attnserve.server.model.runtime_options import RuntimeOptions
 from attnserve.server.engine.scheduler import SchedulingOptions
+from attnserve.server.edge import serve_options
 from attnserve.server.edge.serve_options import ServeOptions
 
 
@@ -46,3 +49,22 @@ def test_every_problem_is_named_at_once_and_none_passes_unset_fields():
         Options(rows=0, share=2)
     with pytest.raises(ValueError, match="Options.share must be more than 0, got 0"):
         Options(share=0)
+
+
+def test_a_client_may_have_at_most_the_models_long_recordings():
+    assert LongFormOptions().max_recordings_per_client == ServeOptions().max_long_form_recordings_per_client == 2
+    with pytest.raises(ValueError, match="LongFormOptions.max_recordings_per_client must be at least 1, got 0"):
+        LongFormOptions(max_recordings_per_client=0)
+    with pytest.raises(ValueError, match="LongFormOptions.max_recordings_per_client 5 is more than max_recordings 4"):
+        LongFormOptions(max_recordings_per_client=5)
+    LongFormOptions(max_recordings=1, max_recordings_per_client=1)
+    with pytest.raises(ValueError, match="^--max-long-form-recordings-per-client must be at least 1, got 0$"):
+        ServeOptions(max_long_form_recordings_per_client=0)
+    with pytest.raises(ValueError, match="^--max-long-form-recordings-per-client 2 is more than "
+                                         "--max-long-form-recordings 1: lower it too$"):
+        ServeOptions(max_long_form_recordings=1)
+    parser = argparse.ArgumentParser()
+    serve_options.add_arguments(parser)
+    flags = parser.parse_args(["--max-long-form-recordings", "6", "--max-long-form-recordings-per-client", "3"])
+    parsed = serve_options.from_args(flags)
+    assert (parsed.max_long_form_recordings, parsed.max_long_form_recordings_per_client) == (6, 3)

@@ -121,7 +121,9 @@ async def start(
     message_limits, admission = _admission(engines, max_inflight_bytes)
     server = _grpc_server(message_limits, admission, tokens, engines)
     drain = lifecycle.Drain()
-    servicer = service.AttnServeServicer(engines, drain, broken, intake_options, deadline_admission)
+    # With tokens a client is its token (checked before any handler runs), else its IP address.
+    servicer = service.AttnServeServicer(engines, drain, broken, intake_options, deadline_admission,
+                                         client_by_token=bool(tokens))
     health_servicer = await _add_services(server, servicer, engines, broken)
     port = _listen(server, address, tls)
     await server.start()
@@ -355,8 +357,9 @@ def load_models(options: ServeOptions) -> tuple[dict[str, service.Engine], dict[
         engines = {name: registry.get(name) for name in registry.names()}
     from attnserve.server.engine import longform
 
-    engines = longform.wrap(engines, longform.LongFormOptions(max_seconds=options.long_form_max_minutes * 60,
-                                                              max_recordings=options.max_long_form_recordings))
+    engines = longform.wrap(engines, longform.LongFormOptions(
+        max_seconds=options.long_form_max_minutes * 60, max_recordings=options.max_long_form_recordings,
+        max_recordings_per_client=options.max_long_form_recordings_per_client))
     try:
         for name in list(engines):
             try:

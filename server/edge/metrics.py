@@ -31,7 +31,8 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 # Status codes that mean the server refused a request it could not or would not run, and the reason a
 # refusal is counted under when the error names none (OverloadedError and the admission checks name theirs:
-# queue_full, inflight_bytes, decoded_bytes, preprocess_queue_full, long_form_recordings, deadline, unparsable).
+# queue_full, inflight_bytes, decoded_bytes, preprocess_queue_full, long_form_recordings,
+# long_form_recordings_per_client, deadline, unparsable).
 REJECTION_REASONS = {
     "RESOURCE_EXHAUSTED": "queue_full",
     "OUT_OF_RANGE": "too_large",

@@ -154,14 +154,12 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         return _denying(handler)
 
     def _authorized(self, details: grpc.HandlerCallDetails) -> bool:
-        values = [value for key, value in details.invocation_metadata or () if key == "authorization"]
-        if len(values) != 1:
+        token = bearer_token(details.invocation_metadata)
+        if token is None:
             return False
-        value = values[0].encode() if isinstance(values[0], str) else values[0]
-        scheme, _, token = value.partition(b" ")
         # Compared in constant time against every token, so timing tells nothing about any of them.
-        matches = [hmac.compare_digest(token.strip(), known) for known in self._known()]
-        return scheme.lower() == b"bearer" and any(matches)
+        matches = [hmac.compare_digest(token, known) for known in self._known()]
+        return any(matches)
 
 
     def _known(self) -> list[bytes]:
@@ -169,6 +167,16 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         if self._encoded is None or self._encoded[0] is not tokens:
             self._encoded = (tokens, [token.encode() for token in tokens])
         return self._encoded[1]
+
+
+def bearer_token(metadata) -> bytes | None:
+    """The token of a call's one `authorization: Bearer <token>` header; None without one, or with two."""
+    values = [value for key, value in metadata or () if key == "authorization"]
+    if len(values) != 1:
+        return None
+    value = values[0].encode() if isinstance(values[0], str) else values[0]
+    scheme, _, token = value.partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else None
 
 
 def _denying(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:

@@ -86,6 +86,8 @@ class ServeOptions:
     # Long recordings per model decoding or transcribed at once (each holds its samples); more are
     # RESOURCE_EXHAUSTED.
     max_long_form_recordings: int = mirror(LongFormOptions, "max_recordings")
+    # Of those, the most one client (its bearer token with --auth-token-file, else its IP address) may have.
+    max_long_form_recordings_per_client: int = mirror(LongFormOptions, "max_recordings_per_client")
     skip_broken_models: bool = False  # serve the healthy models when some fail to load (those: NOT_SERVING)
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the port speaks TLS only
     tls_key: str | None = None  # PEM private key
@@ -126,6 +128,9 @@ def _conflicts(o: ServeOptions):
         yield "--tls-cert and --tls-key go together: give both or neither"
     if o.tls_client_ca is not None and o.tls_cert is None:
         yield "--tls-client-ca needs --tls-cert and --tls-key (client certificates are checked over TLS)"
+    if o.max_long_form_recordings_per_client > o.max_long_form_recordings:
+        yield (f"--max-long-form-recordings-per-client {o.max_long_form_recordings_per_client} is more than "
+               f"--max-long-form-recordings {o.max_long_form_recordings}: lower it too")
 
 
 def _flag(field: str) -> str:
@@ -263,6 +268,12 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         "max_long_form_recordings",
         dict(type=int, help="audio models: long recordings decoded or transcribed at once, per model (each holds "
              "its samples); more are RESOURCE_EXHAUSTED (default: %(default)s)"),
+    ),
+    "--max-long-form-recordings-per-client": (
+        "max_long_form_recordings_per_client",
+        dict(type=int, help="audio models: long recordings one client (its bearer token, else its IP address) "
+             "may have decoded or transcribed at once, per model; at most --max-long-form-recordings; more are "
+             "RESOURCE_EXHAUSTED (default: %(default)s)"),
     ),
     "--skip-broken-models": (
         "skip_broken_models",

@@ -23,8 +23,8 @@ from typing import Protocol
 import grpc
 
 from attnserve.api import convert, generation
-from attnserve.server.edge import errors, intake, lifecycle, logging_setup, metrics
-from attnserve.server.engine import cost
+from attnserve.server.edge import client_keys, errors, intake, lifecycle, logging_setup, metrics
+from attnserve.server.engine import cost, longform
 from attnserve.v1 import attnserve_pb2 as pb
 from attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 
@@ -36,7 +36,8 @@ MAX_STREAM_INTERVAL = 256
 
 class Engine(Protocol):
     """What the server needs from a model engine: server/engine/engine.py's ModelEngine, in this process, or
-    server/edge/engine_process.py's ProcessEngine, in a child process."""
+    server/edge/engine_process.py's ProcessEngine, in a child process (an audio model's wrapped in
+    server/engine/longform.py's LongFormEngine, whose submit also takes the caller's `client` key)."""
 
     # Called (from any thread) with the reason if the engine ends on its own; set by the server. An
     # in-process engine never does.
@@ -70,6 +71,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         broken: Mapping[str, str] | None = None,
         intake_options: intake.IntakeOptions = intake.IntakeOptions(),
         deadline_admission: bool = True,
+        client_by_token: bool = False,
     ):
         """
         Args:
@@ -79,6 +81,8 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
                 one are FAILED_PRECONDITION (the reason, which names server paths, is only logged).
             intake_options: each model's preprocessing pool and limits (server/edge/intake.py).
             deadline_admission: refuse at once what cannot finish before its deadline (server/engine/cost.py).
+            client_by_token: the server takes bearer tokens: a client is its token, not its IP address
+                (server/edge/client_keys.py).
         """
         self._engines = engines
         self._drain = drain or lifecycle.Drain()
@@ -87,6 +91,7 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
         # Windowed batching states no row bound: its batches hold the 16 rows of its default batch size.
         self.costs = {name: cost.CostModel(e.info, getattr(e, "max_rows", None) or 16) for name, e in engines.items()}
         self._deadline_admission = deadline_admission
+        self._client_by_token = client_by_token
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         with self._drain.track(), self._counted(request, "Generate", context) as access:
@@ -170,11 +175,14 @@ class AttnServeServicer(pb_grpc.AttnServeServicer):
                          context: grpc.aio.ServicerContext, on_token=None):
         """`_submitted` on the model's intake, once its cost model admits it before its deadline; yields its
         future and its admission ticket, whose rows count as admitted until the block ends."""
+        # Only the long-form wrapper bounds each client (its long recordings); the other engines take no key.
+        bounds_clients = isinstance(engine, longform.LongFormEngine)
+        client = client_keys.client_key(context, self._client_by_token) if bounds_clients else None
         remaining = context.time_remaining() if self._deadline_admission else None
         costs = self.costs[request.model]
         ticket = costs.admit(request, remaining)
         try:
-            async with _submitted(engine, request, self.intakes[request.model], context, on_token) as future:
+            async with _submitted(engine, request, self.intakes[request.model], context, on_token, client) as future:
                 yield future, ticket
         finally:
             costs.finished(ticket)
@@ -220,8 +228,10 @@ async def _submitted(
     pool: intake.Intake,
     context: grpc.aio.ServicerContext,
     on_token: Callable[[generation.StreamedToken], None] | None = None,
+    client: str | None = None,
 ) -> AsyncIterator[concurrent.futures.Future[generation.GenerationResult]]:
-    """Submits `request` to `engine` on its model's intake pool and cancels it when the block is left.
+    """Submits `request` to `engine` (with the caller's `client` key, where given) on its model's intake pool
+    and cancels it when the block is left.
 
     Submitting validates and preprocesses the input (tokenizes text, decodes audio and images): microseconds
     for a sentence, up to seconds for the megabytes a message may carry, which on the loop would stall every
@@ -233,7 +243,8 @@ async def _submitted(
     """
     remaining = context.time_remaining()
     deadline = None if remaining is None else time.monotonic() + remaining
-    submitting = pool.submit(engine.submit, request, on_token, deadline=deadline)
+    submit = engine.submit if client is None else functools.partial(engine.submit, client=client)
+    submitting = pool.submit(submit, request, on_token, deadline=deadline)
     try:
         future = await asyncio.wrap_future(submitting)  # cancelling this cancels a job not yet started
         metrics.track_request(request, future, engine.info.default_beam_size)

@@ -17,6 +17,11 @@ within the window in the WAV format the engine reads. For the others, `submit`:
      (`on_token` receives `TranscriptSegment`s) and submits the next; when all are done, joins them into
      one result.
 
+Long recordings are bounded per model (`max_recordings`) and per client (`max_recordings_per_client`, for
+requests whose caller says who sent them: the gRPC service passes the client's key), counted from before
+the file is decoded until the request ends: finished, failed or cancelled. Past either bound a request is
+refused (OverloadedError) before anything is decoded.
+
 Cancelling the request cancels the segments in flight and submits no more. A segment that fails fails the
 request. Submissions after the first batch run on a small thread pool, never on the engine's worker thread
 (its done-callbacks), since preparing a segment computes its features.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -70,13 +76,19 @@ class LongFormOptions:
     # holds its decoded samples until its last segment is done (an hour at 16 kHz: 230 MB), so this bounds
     # the memory of concurrent uploads, which the request-bytes and decoded-bytes budgets free earlier.
     max_recordings: int = bounded(4, least=1)
+    # Of those, the most one client may have (the service's key: its bearer token, else its IP address), so
+    # that one client's hour-long uploads cannot hold every slot; requests that name no client (in-process
+    # callers, the warm-up) are bound by max_recordings only. At most max_recordings.
+    max_recordings_per_client: int = bounded(2, least=1)
     # The WebRTC VAD's aggressiveness, 0..3 (server/inputs/segmentation.py); None = the energy detector.
     vad_aggressiveness: int | None = 2
     # How the recording is cut; its max_seconds is replaced by the model's window.
     segmentation: segmentation.SegmentationOptions = segmentation.SegmentationOptions(max_seconds=1.0)
 
     def __post_init__(self):
-        check(self)
+        more = self.max_recordings_per_client > self.max_recordings
+        check(self, [f"LongFormOptions.max_recordings_per_client {self.max_recordings_per_client} is more than "
+                     f"max_recordings {self.max_recordings}"] if more else [])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +119,7 @@ class LongFormEngine:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="longform")
         self._jobs: dict[Future, _Transcription] = {}
         self._decoding = 0  # recordings being decoded, not yet in _jobs
+        self._clients: dict[str, int] = {}  # client key -> its recordings being decoded or in _jobs
         self._lock = threading.Lock()
         audio = dataclasses.replace(inner.audio, long_form_max_seconds=options.max_seconds,
                                     long_form_max_bytes=options.max_bytes, formats=audio_files.formats())
@@ -126,17 +139,24 @@ class LongFormEngine:
     def __getattr__(self, name: str):
         return getattr(self._engine, name)  # queued(), running_rows(), providers, ...
 
-    def submit(self, request: GenerationRequest, on_token: Callable | None = None, **keywords) -> Future:
+    def submit(self, request: GenerationRequest, on_token: Callable | None = None, client: str | None = None,
+               **keywords) -> Future:
         """Submits `request`: to the engine as it is, or cut into segments (see the module docstring).
+
+        Args:
+            client: who sent it (server/edge/client_keys.py), for max_recordings_per_client; None = bound by
+                max_recordings only. Not passed on: the engine has no use for it.
 
         Raises:
             ValueError: a bad request (as the engine's submit), an unreadable file, options a long-form
                 request cannot have. InputTooLargeError: over the long-form limits (the message names them).
+                OverloadedError: over max_recordings or max_recordings_per_client.
         """
         audio = request.audio
         if audio is None or self._engine_reads(audio):
             return self._engine.submit(request, on_token, **keywords)
-        self._reserve_recording()
+        self._reserve_recording(client)
+        job = None
         try:
             recording = self._decode(audio, request)
             seconds = len(recording.samples) / recording.rate
@@ -145,24 +165,44 @@ class LongFormEngine:
                 return self._engine.submit(dataclasses.replace(request, audio=samples), on_token, **keywords)
             spans = segmentation.segment(recording.samples, recording.rate, self._cutting, self._detector)
             job = _Transcription(self._engine, self._pool, request, recording, spans, on_token,
-                                 self.options.segments_in_flight, self._forget)
+                                 self.options.segments_in_flight, functools.partial(self._forget, client))
             with self._lock:
                 self._jobs[job.future] = job
         finally:
             with self._lock:
                 self._decoding -= 1
+                if job is None:  # unusable, or within the window: not kept, so its client's slot ends here
+                    self._release_client(client)
         job.start()
         return job.future
 
-    def _reserve_recording(self) -> None:
-        """Counts one more recording being decoded, or refuses it when max_recordings are decoding or running."""
-        limit = self.options.max_recordings
+    def _reserve_recording(self, client: str | None) -> None:
+        """Counts one more recording being decoded, or refuses it when its client has max_recordings_per_client
+        or the model max_recordings decoding or running (the client's bound first: retrying once other
+        clients' recordings end would not help it)."""
+        limit, mine = self.options.max_recordings, self.options.max_recordings_per_client
         with self._lock:
+            held = self._clients.get(client, 0)
+            if client is not None and held >= mine:
+                raise OverloadedError(
+                    f"this client is already transcribing {mine} long recordings on model '{self.info.name}', its "
+                    f"most at once (--max-long-form-recordings-per-client); retry later",
+                    reason="long_form_recordings_per_client")
             if self._decoding + len(self._jobs) >= limit:
                 raise OverloadedError(
                     f"model '{self.info.name}' is transcribing {limit} long recordings, its most at once "
                     f"(--max-long-form-recordings); retry later", reason="long_form_recordings")
             self._decoding += 1
+            if client is not None:
+                self._clients[client] = held + 1
+
+    def _release_client(self, client: str | None) -> None:
+        """One recording of `client` ended (called holding the lock)."""
+        if client is None:
+            return
+        held = self._clients.pop(client) - 1
+        if held:
+            self._clients[client] = held  # a client with none left leaves no key behind
 
     def cancel(self, future: Future) -> None:
         with self._lock:
@@ -188,9 +228,11 @@ class LongFormEngine:
         self._pool.shutdown(wait=True)
         self._engine.close(*args, **keywords)
 
-    def _forget(self, future: Future) -> None:
+    def _forget(self, client: str | None, future: Future) -> None:
+        """A transcription ended (finished, failed or cancelled; once): it leaves _jobs and frees its slots."""
         with self._lock:
-            self._jobs.pop(future, None)
+            if self._jobs.pop(future, None) is not None:
+                self._release_client(client)
 
     def _engine_reads(self, audio: AudioInput) -> bool:
         """Whether the engine reads this audio itself: raw samples or a WAV file within its window and byte
