@@ -12,6 +12,14 @@ a request of its own, in the same run, so the figures read as "voice activity cu
 Drift: the signed start error of every word heard right (matched by a sequence alignment), against its
 time in the recording: the median in the first and the last minute, and the slope of a line fitted
 through all of them (ms per minute). Offsets that accumulated along the recording would show as a slope.
+
+    python bench/longform.py --recorded /work/data/real-speech --out /work/data/longform/recorded
+
+`--recorded` builds the recording from the recorded corpus's `test_real_heldout` clips instead (Drascula's
+ten characters and the Asterisk voice, never trained on), in a shuffled order, joined the same way. Those
+clips come without word times, so the timing figure is coarser: the share of words heard right whose
+served start lies inside their own clip (within 0.25 s), over the whole recording and in its first and last
+minute; a drift of a clip's length or more would empty the last minute's share.
 """
 
 from __future__ import annotations
@@ -48,7 +56,8 @@ NAME = "speech-en"
 class Clip:
     text: str  # the normalised transcript
     samples: np.ndarray  # (N,) float32 at RATE
-    words: list[tuple[str, float, float]]  # (word, start, end) within the clip
+    words: list[tuple[str, float, float]]  # (word, start, end) within the clip; the clip's span if untimed
+    timed: bool = True  # the words carry their own times (synthesized), not the clip's span (recorded)
 
 
 def sentences(corpus: pathlib.Path, seed: int) -> list[str]:
@@ -74,6 +83,42 @@ def synthesize(spoken: list[str], seconds: float) -> list[Clip]:
         if total >= seconds:
             break
     return clips
+
+
+def recorded(corpus: pathlib.Path, seconds: float, seed: int) -> list[Clip]:
+    """Held-out recorded clips (export/speech/real.py's `test_real_heldout`), shuffled, until `seconds`."""
+    import soundfile
+
+    from attnserve.export.speech import manifest
+
+    rows = manifest.read(corpus / "test_real_heldout.jsonl")
+    random.Random(seed).shuffle(rows)
+    clips, total = [], 0.0
+    for row in rows:
+        x, rate = soundfile.read(corpus / row["path"], dtype="float32")
+        span = len(x) / rate
+        clips.append(Clip(row["text"], x, [(w, 0.0, span) for w in row["text"].split()], timed=False))
+        total += span + 1.0
+        if total >= seconds:
+            break
+    return clips
+
+
+def inside_own_clip(result: GenerationResult, reference: list[tuple[str, float, float]], seconds: float,
+                    slack: float = 0.25) -> dict:
+    """Share of the words heard right whose served start lies in their own clip's span: overall, and in the
+    first and last minute of the recording."""
+    served, ref = [w.word for w in result.words], [w for w, _, _ in reference]
+    hits = []
+    for block in difflib.SequenceMatcher(None, served, ref, autojunk=False).get_matching_blocks():
+        for k in range(block.size):
+            _, lo, hi = reference[block.b + k]
+            start = result.words[block.a + k].start_seconds
+            hits.append((lo, lo - slack <= start <= hi + slack))
+    share = lambda pick: round(float(np.mean([h for t, h in hits if pick(t)])), 3) if any(pick(t) for t, _ in hits) else None  # noqa: E731
+    return {"words_matched": len(hits), "words_inside_their_clip": share(lambda t: True),
+            "words_inside_their_clip_first_minute": share(lambda t: t < 60),
+            "words_inside_their_clip_last_minute": share(lambda t: t > seconds - 60)}
 
 
 def join(clips: list[Clip], seed: int):
@@ -132,7 +177,9 @@ def drift(errors: np.ndarray, seconds: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", type=pathlib.Path, required=True, help="a built translation corpus")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--corpus", type=pathlib.Path, help="a built translation corpus (flite slt reads its test sentences)")
+    source.add_argument("--recorded", type=pathlib.Path, help="export/speech/real.py's output: its held-out recordings")
     parser.add_argument("--models", default="models")
     parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for the WAV, SRT and figures")
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -143,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    clips = synthesize(sentences(args.corpus, args.seed), args.minutes * 60)
+    if args.recorded:
+        clips = recorded(args.recorded, args.minutes * 60, args.seed)
+    else:
+        clips = synthesize(sentences(args.corpus, args.seed), args.minutes * 60)
     x, reference, starts, oracle = join(clips, args.seed)
     seconds = len(x) / RATE
     wav = wav_bytes(x)
@@ -167,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         alone_seconds = time.perf_counter() - began
 
     truth = " ".join(c.text for c in clips)
-    errors = start_errors(result, reference)
+    errors = start_errors(result, reference) if clips[0].timed else None
     srt = subtitles.srt(subtitles.result_cues(result))
     (args.out / "recording.srt").write_text(srt)
     figures = {
@@ -183,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         "real_time_factor_long_form": round(long_seconds / seconds, 4),
         "long_form_over_oracle_cuts_time": round(long_seconds / alone_seconds, 3),
         "segments_starting_within_0.5s_before_a_sentence": _near(result, starts),
-        **drift(errors, seconds),
+        **(drift(errors, seconds) if clips[0].timed else inside_own_clip(result, reference, seconds)),
+        "source": "recorded test_real_heldout" if args.recorded else "flite slt (held-out voice)",
         "beam_size": args.beam_size or "model default",
         "padding_seconds": options.segmentation.padding_seconds,
         "segments_in_flight": options.segments_in_flight,
