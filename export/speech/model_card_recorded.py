@@ -7,7 +7,8 @@
 `--scores` is `evaluate_real`'s output with both versions and PocketSphinx on the same clips: the card shows
 the new version's scores per split and voice, the before -> after table beside PocketSphinx, and examples
 with every word's served time span. Training figures come from the checkpoint, minus those of the weights it
-started from.
+started from. `--selection` (export/speech/checkpoint_scores.py) adds every checkpoint's served-search dev
+scores, of each run trained side by side, and which one was exported.
 """
 
 from __future__ import annotations
@@ -52,8 +53,28 @@ def recorded_data_lines(real: dict, mix: dict) -> list[str]:
                         f" {mix['tts_copies']} per synthesized clip)."]
 
 
+def selection_lines(selection: dict) -> list[str]:
+    """Each run's checkpoints scored with the served search on dev and dev_channel, side by side by order."""
+    runs, base = selection["runs"], selection["baseline"]
+    splits = list(base["splits"])
+    cell = lambda f: f"{f['cer']:.1%} / {f['wer']:.1%}"  # noqa: E731
+    head = " | ".join(f"{r['name']}: {split}" for r in runs for split in splits)
+    lines = [f"| checkpoint | {head} |", "|---|" + "---|" * (len(runs) * len(splits)),
+             f"| {base['name']} (start) | " + " | ".join(cell(base["splits"][s]) for _ in runs for s in splits) + " |"]
+    chosen = selection["chosen"]
+    for k in range(max(len(r["checkpoints"]) for r in runs)):
+        cells = []
+        for r in runs:
+            c = r["checkpoints"][k] if k < len(r["checkpoints"]) else None
+            mark = "**" if c and (r["name"], c["step"]) == (chosen["run"], chosen["step"]) else ""
+            cells += [f"{mark}{cell(c['splits'][s])}{mark}" if c else "-" for s in splits]
+        steps = ", ".join(f"{r['checkpoints'][k]['step']:,}" for r in runs if k < len(r["checkpoints"]))
+        lines.append(f"| {k + 1} (steps {steps}) | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render(checkpoint: dict, start: dict, scores: dict, real: dict, mix: dict, model_dir: pathlib.Path,
-           before: str) -> str:
+           before: str, selection: dict | None = None) -> str:
     cfg, state = ListenAttendSpellConfig(**checkpoint["config"]), checkpoint["state"]
     manifest = json.loads((model_dir / "manifest.json").read_text())
     after = next(k for k in next(iter(scores["splits"].values())) if k not in (before, SPHINX))
@@ -67,14 +88,15 @@ def render(checkpoint: dict, start: dict, scores: dict, real: dict, mix: dict, m
         "exported to ONNX with the step's attention as output (docs/model-contract.md), from which the server times",
         f"every word in {10 * cfg.time_reduction} ms spans. Version {manifest['version']} is {before}'s weights trained",
         f"further for {minutes:.0f} minutes on one shared CPU core, on recorded human speech (three Amazon Queen",
-        "characters held out) and synthesized speech, every clip through a random recording channel (room, band,",
-        "codec, noise, level, speed) and SpecAugment. It is still far from usable on arbitrary microphones: see",
-        "the scores.",
+        "characters held out) and synthesized speech, "
+        + ("each clip as recorded or synthesized (no channel), with SpecAugment." if mix.get("clean") else
+           "every clip through a random recording channel (room, band, codec, noise, level, speed) and SpecAugment."),
+        "It is still far from usable on arbitrary microphones: see the scores.",
         "",
         verdict_line(scores, before, after),
         "",
         *model_section(cfg, checkpoint, manifest),
-        *training_section(state, start, before),
+        *training_section(state, start, before, selection),
         "## Data",
         "",
         "Recorded speech (`python -m attnserve.export.speech.real`); `test_real_heldout` (Drascula, Asterisk) never",
@@ -84,8 +106,9 @@ def render(checkpoint: dict, start: dict, scores: dict, real: dict, mix: dict, m
         "",
         "## Before -> after, beside PocketSphinx 5 (served default search; PocketSphinx's en-us model, same clips)",
         "",
-        "Clips: a subset spread evenly over each split (`<split>.every<k>`: every k-th clip; `evaluate_real --clips`),"
-        " the same clips for each column.",
+        ("Clips: a subset spread evenly over each split (`<split>.every<k>`: every k-th clip; `evaluate_real --clips`),"
+         " the same clips for each column." if any(".every" in split for split in scores["splits"]) else
+         "Clips: every clip of each split, the same clips for each column."),
         "",
         *comparison_lines(scores, before, after),
         "",
@@ -113,8 +136,9 @@ def model_section(cfg: ListenAttendSpellConfig, checkpoint: dict, manifest: dict
     ]
 
 
-def training_section(state: dict, start: dict, before: str) -> list[str]:
-    """What this run added to the weights it started from (`start`): steps, audio, compute, the dev history."""
+def training_section(state: dict, start: dict, before: str, selection: dict | None = None) -> list[str]:
+    """What this run added to the weights it started from (`start`): steps, audio, compute, the dev history
+    (greedy, the trainer's), and with `selection` every checkpoint's served-search dev scores."""
     minutes = (state["seconds"] - start["state"]["seconds"]) / 60
     hours = (state["audio_seconds"] - start["state"]["audio_seconds"]) / 3600
     steps = state["step"] - start["state"]["step"]
@@ -125,10 +149,18 @@ def training_section(state: dict, start: dict, before: str) -> list[str]:
         f"- From {before} (step {start['state']['step']:,}): {steps:,} steps, {hours:.1f} h of audio seen in"
         f" {minutes:.0f} minutes of compute ({hours * 3600 / max(minutes * 60, 1):.0f} audio-s/s, one thread on 2"
         " CPU cores shared with other jobs). Joint CTC-attention loss, Adam (fresh), inverse-square-root decay.",
-        f"- Selected on dev (recorded, held-out Amazon Queen characters; greedy): best CER {best['cer']:.1%}"
-        f" (WER {best['wer']:.1%}) at step {best['step']:,}; dev history: "
+        f"- The trainer's greedy dev CER (recorded, held-out Amazon Queen characters): best {best['cer']:.1%}"
+        f" (WER {best['wer']:.1%}) at step {best['step']:,}; history: "
         + ", ".join(f"{h['step']:,}: {h['cer']:.1%}" for h in history) + ".",
         "",
+        *([] if selection is None else [
+            f"Chosen with the served search (CER / WER) on dev and on dev_channel (the same clips, each through a"
+            f" random recording channel), never on a test split: step {selection['chosen']['step']:,} of"
+            f" {selection['chosen']['run']} (bold).",
+            "",
+            *selection_lines(selection),
+            "",
+        ]),
     ]
 
 
@@ -139,12 +171,13 @@ def main() -> None:
                        ("--mix-stats", "mix.py's stats.json"), ("--model-dir", "the exported version folder")):
         parser.add_argument(flag, type=pathlib.Path, required=True, help=what)
     parser.add_argument("--before", required=True, help="the earlier version's key in --scores")
+    parser.add_argument("--selection", type=pathlib.Path, help="checkpoint_scores.py's output")
     parser.add_argument("--out", type=pathlib.Path, help="default: README.md beside the version folders")
     args = parser.parse_args()
     load = lambda p: torch.load(p, map_location="cpu", weights_only=False)  # noqa: E731
     card = render(load(args.checkpoint), load(args.start_weights), json.loads(args.scores.read_text()),
                   json.loads(args.real_stats.read_text()), json.loads(args.mix_stats.read_text()), args.model_dir,
-                  args.before)
+                  args.before, json.loads(args.selection.read_text()) if args.selection else None)
     write_card(args.out or args.model_dir.parent / "README.md", card)
 
 
