@@ -96,10 +96,12 @@ def test_every_sentence_is_a_segment_and_its_words_are_timed_from_the_recordings
     for segment, (start, end) in zip(unary.segments, spans):
         assert segment.start_seconds <= start + 0.05 and segment.end_seconds >= end - 0.05
         assert segment.words, segment
-        # Absolute times: inside the segment, near the sentence the synthesizer said there.
+        # Absolute times: inside the segment, near the sentence the synthesizer said there. The end is looser:
+        # a misheard last word can be shorter than the one said (speech-en 9 greedy hears "tomorrow morning"
+        # as "to my ro..."), while a wrong offset would move both ends by a pause (0.7 s or more) at least.
         assert all(segment.start_seconds <= w.start_seconds < w.end_seconds <= segment.end_seconds + 1e-6
                    for w in segment.words)
-        assert abs(segment.words[0].start_seconds - start) < 0.3 and abs(segment.words[-1].end_seconds - end) < 0.4
+        assert abs(segment.words[0].start_seconds - start) < 0.3 and abs(segment.words[-1].end_seconds - end) < 0.6
     assert unary.text == " ".join(s.text for s in unary.segments)
     # The undertrained recognizer mishears some words; a broken cut or offset would lose whole sentences.
     heard = sum(w in unary.text.split() for s in SENTENCES for w in s.split())
