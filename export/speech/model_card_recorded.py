@@ -48,7 +48,9 @@ def recorded_data_lines(real: dict, mix: dict) -> list[str]:
     lines = ["| source | split | hours |", "|---|---|---|"]
     lines += [f"| {key.split('/')[0]} | {key.split('/')[1]} | {hours:.2f} |" for key, hours in real["hours"].items()]
     copies = ", ".join(f"{kind} {hours:.2f} h" for kind, hours in mix["train_hours"].items())
-    return [*lines, "", f"Training copies through random recording channels (docs/speech-corpus.md): {copies}"
+    how = ("without channels (`mix --clean`, docs/speech-corpus.md)" if mix.get("clean")
+           else "through random recording channels (docs/speech-corpus.md)")
+    return [*lines, "", f"Training copies {how}: {copies}"
                         f" ({mix['train_clips']:,} clips; {mix['real_copies']} per recorded clip,"
                         f" {mix['tts_copies']} per synthesized clip)."]
 
