@@ -108,13 +108,7 @@ def inside_own_clip(result: GenerationResult, reference: list[tuple[str, float, 
                     slack: float = 0.25) -> dict:
     """Share of the words heard right whose served start lies in their own clip's span: overall, and in the
     first and last minute of the recording."""
-    served, ref = [w.word for w in result.words], [w for w, _, _ in reference]
-    hits = []
-    for block in difflib.SequenceMatcher(None, served, ref, autojunk=False).get_matching_blocks():
-        for k in range(block.size):
-            _, lo, hi = reference[block.b + k]
-            start = result.words[block.a + k].start_seconds
-            hits.append((lo, lo - slack <= start <= hi + slack))
+    hits = [(lo, lo - slack <= start <= hi + slack) for (_, lo, hi), start in heard_right(result, reference)]
     share = lambda pick: round(float(np.mean([h for t, h in hits if pick(t)])), 3) if any(pick(t) for t, _ in hits) else None  # noqa: E731
     return {"words_matched": len(hits), "words_inside_their_clip": share(lambda t: True),
             "words_inside_their_clip_first_minute": share(lambda t: t < 60),
@@ -145,15 +139,17 @@ def join(clips: list[Clip], seed: int):
     return x + 1e-3 * rng.standard_normal(len(x)).astype(np.float32), words, starts, bounds
 
 
-def start_errors(result: GenerationResult, reference: list[tuple[str, float, float]]) -> np.ndarray:
-    """(M, 2): reference start and signed start error (s) of every word heard right."""
+def heard_right(result: GenerationResult, reference: list[tuple[str, float, float]]):
+    """(reference word, served start) of every word heard right, matched by a sequence alignment."""
     served, ref = [w.word for w in result.words], [w for w, _, _ in reference]
-    out = []
     for block in difflib.SequenceMatcher(None, served, ref, autojunk=False).get_matching_blocks():
         for k in range(block.size):
-            r = reference[block.b + k]
-            out.append((r[1], result.words[block.a + k].start_seconds - r[1]))
-    return np.array(out)
+            yield reference[block.b + k], result.words[block.a + k].start_seconds
+
+
+def start_errors(result: GenerationResult, reference: list[tuple[str, float, float]]) -> np.ndarray:
+    """(M, 2): reference start and signed start error (s) of every word heard right."""
+    return np.array([(r[1], start - r[1]) for r, start in heard_right(result, reference)])
 
 
 def drift(errors: np.ndarray, seconds: float) -> dict:
