@@ -341,6 +341,50 @@ def test_mix_clean_copies_keep_the_clip_and_channel_copies_change_it(tmp_path):
     assert (tmp_path / "clean" / "dev_channel.jsonl").read_text() == (tmp_path / "noisy" / "dev_channel.jsonl").read_text()
 
 
+def test_channel_keep_leaves_one_effect_of_the_drawn_channel():
+    import random
+
+    full = [channel.sample(random.Random(f"k{i}"), 48) for i in range(200)]
+    codec_only = [channel.keep(c, ("codec",)) for c in full]
+    assert sum(bool(c.codec) for c in full) > 50
+    for before, after in zip(full, codec_only):
+        assert after.codec == before.codec and after.bitrate == before.bitrate  # the same draw, kept
+        assert set(after.changes()) <= {"codec", "bitrate"}
+    assert channel.keep(full[0], tuple(channel.EFFECTS)) == full[0]
+    assert channel.keep(full[0], ()) == channel.Channel()
+    with pytest.raises(ValueError, match="unknown channel effects"):
+        channel.keep(full[0], ("echo",))
+
+
+@pytest.mark.skipif(not HAS_SOX, reason="sox is not installed")
+def test_mix_effects_arm_keeps_only_the_named_effect(tmp_path):
+    from attnserve.export.speech import mix
+
+    real_dir = tmp_path / "real"
+    samples = (6000 * np.sin(2 * np.pi * 300 * np.arange(16000) / 16000)).astype(np.int16)
+    for folder in ("train", "dev"):
+        (real_dir / folder).mkdir(parents=True)
+    rows = []
+    for i in range(12):
+        mix.write_wav(real_dir / "train" / f"a{i}.wav", samples)
+        rows.append({**_row(f"a{i}", "q:A"), "split": "train", "path": f"train/a{i}.wav"})
+    mix.write_wav(real_dir / "dev" / "d.wav", samples)
+    manifest.write(real_dir / "train.jsonl", rows)
+    manifest.write(real_dir / "dev.jsonl", [_row("d", "q:A")])
+    stats = mix.build(real_dir, None, tmp_path / "codec", 1, 1, 1, effects=("codec",))
+    full = mix.build(real_dir, None, tmp_path / "full", 1, 1, 1)
+    assert stats["effects"] == ["codec"] and full["effects"] is None
+    arm = {r["id"]: r["augmentation"]["channel"] for r in manifest.read(tmp_path / "codec" / "train.jsonl")}
+    drawn = {r["id"]: r["augmentation"]["channel"] for r in manifest.read(tmp_path / "full" / "train.jsonl")}
+    assert any(arm.values())
+    for uid, changes in arm.items():
+        assert changes == {k: v for k, v in drawn[uid].items() if k in ("codec", "bitrate")}
+        copy = mix.read_wav(tmp_path / "codec" / "train" / f"{uid}.wav")
+        assert len(copy) == len(samples)  # no speed change came through
+    with pytest.raises(ValueError, match="unknown"):
+        mix.build(real_dir, None, tmp_path / "bad", 1, 1, 1, effects=("echo",))
+
+
 def test_sphinx_words_and_merged_runs(tmp_path):
     from attnserve.export.speech import evaluate_real
 

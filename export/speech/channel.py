@@ -80,6 +80,28 @@ def sample(rng: random.Random, rooms_available: int) -> Channel:
     return Channel(**kw)
 
 
+# The channel's effects by name, with the fields each one sets: what `keep` and `mix --effects` select.
+EFFECTS = {
+    "speed": ("speed",),
+    "room": ("room", "reverb"),
+    "band": ("highpass", "lowpass"),
+    "codec": ("codec", "bitrate"),
+    "noise": ("noise_snr", "noise_color"),
+    "level": ("peak_db",),
+}
+
+
+def keep(chosen: Channel, effects: tuple[str, ...]) -> Channel:
+    """`chosen` with only the named effects left on (the others at their defaults): a single-effect ablation
+    draws the full channel and keeps one part, so each copy hears exactly what the full channel gives it."""
+    unknown = set(effects) - set(EFFECTS)
+    if unknown:
+        raise ValueError(f"unknown channel effects {sorted(unknown)}; known: {sorted(EFFECTS)}")
+    default = Channel()
+    off = {name: getattr(default, name) for effect, names in EFFECTS.items() if effect not in effects for name in names}
+    return dataclasses.replace(chosen, **off)
+
+
 @functools.lru_cache(maxsize=1)
 def rooms(count: int = 48, seed: int = 0) -> tuple[np.ndarray, ...]:
     """Room impulse responses at 16 kHz (empty without pyroomacoustics): shoebox rooms 3-10 m wide, RT60

@@ -14,6 +14,8 @@ sources or copies keeps the copies already written (a copy is a function of its 
 
 `--clean` writes the same rows without channels (each copy only levelled to -3 dBFS): the control of the
 channel ablation (docs/speech-corpus.md), trained beside a channel build from the same weights.
+`--effects codec` (or several names of `channel.EFFECTS`) keeps only those parts of each copy's drawn channel:
+a single-effect arm of the same ablation.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Task:
     out: pathlib.Path
     clean: bool = False  # no channel: the ablation's control
     folder: str = "train"  # where the copy goes under `out`
+    effects: tuple[str, ...] | None = None  # only these parts of the drawn channel (None: all of it)
 
 
 def read_wav(path: pathlib.Path) -> np.ndarray:
@@ -64,6 +67,8 @@ def run(task: Task) -> dict | None:
     """The new row of one channel copy (None if sox failed on it)."""
     rng = random.Random(f"mix/{task.uid}")
     chosen = channel.Channel() if task.clean else channel.sample(rng, len(channel.rooms()))
+    if task.effects is not None:
+        chosen = channel.keep(chosen, task.effects)
     target = task.out / task.folder / f"{task.uid}.wav"
     if target.exists():  # a copy is a function of its id: an earlier build's file is the same
         samples = read_wav(target)
@@ -83,9 +88,9 @@ def run(task: Task) -> dict | None:
 
 
 def tasks(corpus: pathlib.Path, prefix: str, copies: int, out: pathlib.Path, clean: bool = False,
-          split: str = "train", folder: str = "train") -> list[Task]:
+          split: str = "train", folder: str = "train", effects: tuple[str, ...] | None = None) -> list[Task]:
     rows = manifest.read(corpus / f"{split}.jsonl")
-    return [Task(row, corpus / row["path"], k, f"{prefix}{k}_{row['id']}", out, clean, folder)
+    return [Task(row, corpus / row["path"], k, f"{prefix}{k}_{row['id']}", out, clean, folder, effects)
             for k in range(copies) for row in rows]
 
 
@@ -107,14 +112,16 @@ def dev_rows(corpus: pathlib.Path, prefix: str) -> list[dict]:
 
 
 def build(real: pathlib.Path, tts: pathlib.Path | None, out: pathlib.Path, real_copies: int, tts_copies: int,
-          jobs: int, clean: bool = False) -> dict:
+          jobs: int, clean: bool = False, effects: tuple[str, ...] | None = None) -> dict:
     channel.rooms()  # computed once, before the workers fork
     (out / "train").mkdir(parents=True, exist_ok=True)
-    work = tasks(real, "r", real_copies, out, clean)
+    if effects is not None:
+        channel.keep(channel.Channel(), effects)  # unknown names fail before any work
+    work = tasks(real, "r", real_copies, out, clean, effects=effects)
     dev = dev_rows(real, "real")
     link(out, "real", real)
     if tts is not None:
-        work += tasks(tts, "t", tts_copies, out, clean)
+        work += tasks(tts, "t", tts_copies, out, clean, effects=effects)
         link(out, "tts", tts)
     random.Random(0).shuffle(work)  # both kinds in every stretch of the build's progress
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
@@ -129,7 +136,8 @@ def build(real: pathlib.Path, tts: pathlib.Path | None, out: pathlib.Path, real_
     stats = {"train_clips": len(rows), "failed": len(work) - len(rows), "dev_clips": len(dev),
              "dev_channel_clips": dev_channel(real, out, jobs),
              "train_hours": {k: round(v, 3) for k, v in hours.items()}, "real_copies": real_copies,
-             "tts_copies": tts_copies, "rooms": len(channel.rooms()), "clean": clean}
+             "tts_copies": tts_copies, "rooms": len(channel.rooms()), "clean": clean,
+             "effects": list(effects) if effects is not None else None}
     (out / "stats.json").write_text(json.dumps(stats, indent=1))
     return stats
 
@@ -154,10 +162,14 @@ def main() -> None:
     parser.add_argument("--tts-copies", type=int, default=1, help="channel copies of each synthesized clip")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--clean", action="store_true", help="no channels: the ablation's control")
+    parser.add_argument("--effects", nargs="+", choices=sorted(channel.EFFECTS),
+                        help="keep only these parts of each drawn channel: a single-effect ablation arm")
     args = parser.parse_args()
+    if args.clean and args.effects:
+        parser.error("--clean and --effects exclude each other")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     print(json.dumps(build(args.real, args.tts, args.out, args.real_copies, args.tts_copies, args.jobs,
-                                args.clean), indent=1))
+                                args.clean, tuple(args.effects) if args.effects else None), indent=1))
 
 
 if __name__ == "__main__":
