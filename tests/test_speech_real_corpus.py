@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import pathlib
 import shutil
@@ -394,3 +395,10 @@ def test_sphinx_words_and_merged_runs(tmp_path):
             '{"clips": 60, "splits": {"x.every2": {"%s": {"cer": 0.1}}}}' % model)
     merged = evaluate_real.merge([tmp_path / "a.json", tmp_path / "b.json"])
     assert merged["splits"] == {"x.every2": {"m/6": {"cer": 0.1}, "m/7": {"cer": 0.1}}}
+    # A merge merges again: a later run (here the whole split, PocketSphinx beside it) joins an earlier merge.
+    (tmp_path / "ab.json").write_text(json.dumps(merged))
+    (tmp_path / "c.json").write_text('{"clips": null, "splits": {"x": {"pocketsphinx": {"cer": 0.4}}}}')
+    again = evaluate_real.merge([tmp_path / "ab.json", tmp_path / "c.json"])
+    assert again["clips"] == [60, None] and again["runs"] == [str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                                                             str(tmp_path / "c.json")]
+    assert again["splits"]["x"] == {"pocketsphinx": {"cer": 0.4}} and again["splits"]["x.every2"] == merged["splits"]["x.every2"]

@@ -108,9 +108,12 @@ def model_split(model_dir: pathlib.Path, corpus: pathlib.Path, split: str) -> di
 
 def merge(paths: list[pathlib.Path]) -> dict:
     """Several runs' scores as one: each split's entries side by side (a split's subset is named by its clip
-    spacing, `<split>.every<k>`, so entries under one name scored the same clips)."""
+    spacing, `<split>.every<k>`, so entries under one name scored the same clips). An input may be an earlier
+    merge: its clip settings and runs carry over, and a later file's entries replace an earlier's."""
     runs = [json.loads(p.read_text()) for p in paths]
-    merged: dict = {"clips": sorted({r["clips"] for r in runs}, key=str), "splits": {}, "runs": [str(p) for p in paths]}
+    clips = {c for r in runs for c in (r["clips"] if isinstance(r["clips"], list) else [r["clips"]])}
+    named = [name for r, p in zip(runs, paths) for name in r.get("runs", [str(p)])]
+    merged: dict = {"clips": sorted(clips, key=str), "splits": {}, "runs": named}
     for run in runs:
         for split, entry in run["splits"].items():
             merged["splits"].setdefault(split, {}).update(entry)
