@@ -43,9 +43,9 @@ class Task:
     copy: int
     uid: str
     out: pathlib.Path
-    clean: bool = False  # no channel: the ablation's control
     folder: str = "train"  # where the copy goes under `out`
-    effects: tuple[str, ...] | None = None  # only these parts of the drawn channel (None: all of it)
+    # Only these parts of the drawn channel: None all of it, () none (--clean, the ablation's control).
+    effects: tuple[str, ...] | None = None
 
 
 def read_wav(path: pathlib.Path) -> np.ndarray:
@@ -66,7 +66,7 @@ def write_wav(path: pathlib.Path, samples: np.ndarray) -> None:
 def run(task: Task) -> dict | None:
     """The new row of one channel copy (None if sox failed on it)."""
     rng = random.Random(f"mix/{task.uid}")
-    chosen = channel.Channel() if task.clean else channel.sample(rng, len(channel.rooms()))
+    chosen = channel.sample(rng, len(channel.rooms()))
     if task.effects is not None:
         chosen = channel.keep(chosen, task.effects)
     target = task.out / task.folder / f"{task.uid}.wav"
@@ -87,10 +87,10 @@ def run(task: Task) -> dict | None:
     return row
 
 
-def tasks(corpus: pathlib.Path, prefix: str, copies: int, out: pathlib.Path, clean: bool = False,
-          split: str = "train", folder: str = "train", effects: tuple[str, ...] | None = None) -> list[Task]:
+def tasks(corpus: pathlib.Path, prefix: str, copies: int, out: pathlib.Path, split: str = "train",
+          folder: str = "train", effects: tuple[str, ...] | None = None) -> list[Task]:
     rows = manifest.read(corpus / f"{split}.jsonl")
-    return [Task(row, corpus / row["path"], k, f"{prefix}{k}_{row['id']}", out, clean, folder, effects)
+    return [Task(row, corpus / row["path"], k, f"{prefix}{k}_{row['id']}", out, folder, effects)
             for k in range(copies) for row in rows]
 
 
@@ -115,13 +115,14 @@ def build(real: pathlib.Path, tts: pathlib.Path | None, out: pathlib.Path, real_
           jobs: int, clean: bool = False, effects: tuple[str, ...] | None = None) -> dict:
     channel.rooms()  # computed once, before the workers fork
     (out / "train").mkdir(parents=True, exist_ok=True)
-    if effects is not None:
-        channel.keep(channel.Channel(), effects)  # unknown names fail before any work
-    work = tasks(real, "r", real_copies, out, clean, effects=effects)
+    kept = () if clean else effects
+    if kept is not None:
+        channel.keep(channel.Channel(), kept)  # unknown names fail before any work
+    work = tasks(real, "r", real_copies, out, effects=kept)
     dev = dev_rows(real, "real")
     link(out, "real", real)
     if tts is not None:
-        work += tasks(tts, "t", tts_copies, out, clean, effects=effects)
+        work += tasks(tts, "t", tts_copies, out, effects=kept)
         link(out, "tts", tts)
     random.Random(0).shuffle(work)  # both kinds in every stretch of the build's progress
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
