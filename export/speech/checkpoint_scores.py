@@ -23,8 +23,9 @@ def split_figures(scores: dict) -> dict:
     return {name: {"cer": s["cer"], "wer": s["wer"], "clips": s["clips"]} for name, s in scores["splits"].items()}
 
 
-def gather(baseline: tuple[str, pathlib.Path], runs: list[tuple[str, pathlib.Path]], chosen: str) -> dict:
-    """{"baseline": {name, splits}, "runs": [{name, checkpoints: [{step, splits}]}], "chosen": {run, step}}."""
+def gather(baseline: tuple[str, pathlib.Path], runs: list[tuple[str, pathlib.Path]], chosen: str | None) -> dict:
+    """{"baseline": {name, splits}, "runs": [{name, checkpoints: [{step, splits}]}], "chosen": {run, step}};
+    "chosen" is None for an ablation that shipped no checkpoint."""
     name, path = baseline
     out = {"baseline": {"name": name, "splits": split_figures(json.loads(path.read_text()))}, "runs": []}
     for run, folder in runs:
@@ -33,6 +34,9 @@ def gather(baseline: tuple[str, pathlib.Path], runs: list[tuple[str, pathlib.Pat
             raise ValueError(f"{folder}: no step-<N>.json scores")
         out["runs"].append({"name": run, "checkpoints": [{"step": step, "splits": split_figures(json.loads(p.read_text()))}
                                                          for step, p in files]})
+    if chosen is None:
+        out["chosen"] = None
+        return out
     run, _, step = chosen.partition(":")
     if not any(r["name"] == run and any(c["step"] == int(step) for c in r["checkpoints"]) for r in out["runs"]):
         raise ValueError(f"--chosen {chosen}: no such run and step among the scores")
@@ -51,7 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", type=_named, required=True, help="NAME=the starting version's scores file")
     parser.add_argument("--run", type=_named, action="append", required=True, help="NAME=a folder of step-<N>.json")
-    parser.add_argument("--chosen", required=True, help="RUN:STEP, the checkpoint exported")
+    parser.add_argument("--chosen", help="RUN:STEP, the checkpoint exported (none: an ablation that shipped nothing)")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args()
     args.out.write_text(json.dumps(gather(args.baseline, args.run, args.chosen), indent=1) + "\n")

@@ -56,7 +56,8 @@ def recorded_data_lines(real: dict, mix: dict) -> list[str]:
 
 
 def selection_lines(selection: dict) -> list[str]:
-    """Each run's checkpoints scored with the served search on dev and dev_channel, side by side by order."""
+    """Each run's checkpoints scored with the served search on dev and dev_channel, side by side by order; the
+    chosen one in bold (none in an ablation that shipped nothing)."""
     runs, base = selection["runs"], selection["baseline"]
     splits = list(base["splits"])
     cell = lambda f: f"{f['cer']:.1%} / {f['wer']:.1%}"  # noqa: E731
@@ -68,7 +69,7 @@ def selection_lines(selection: dict) -> list[str]:
         cells = []
         for r in runs:
             c = r["checkpoints"][k] if k < len(r["checkpoints"]) else None
-            mark = "**" if c and (r["name"], c["step"]) == (chosen["run"], chosen["step"]) else ""
+            mark = "**" if c and chosen and (r["name"], c["step"]) == (chosen["run"], chosen["step"]) else ""
             cells += [f"{mark}{cell(c['splits'][s])}{mark}" if c else "-" for s in splits]
         steps = ", ".join(f"{r['checkpoints'][k]['step']:,}" for r in runs if k < len(r["checkpoints"]))
         lines.append(f"| {k + 1} (steps {steps}) | " + " | ".join(cells) + " |")
