@@ -91,12 +91,16 @@ EFFECTS = {
 }
 
 
-def keep(chosen: Channel, effects: tuple[str, ...]) -> Channel:
-    """`chosen` with only the named effects left on (the others at their defaults): a single-effect ablation
-    draws the full channel and keeps one part, so each copy hears exactly what the full channel gives it."""
+def check_effects(effects: tuple[str, ...]) -> None:
     unknown = set(effects) - set(EFFECTS)
     if unknown:
         raise ValueError(f"unknown channel effects {sorted(unknown)}; known: {sorted(EFFECTS)}")
+
+
+def keep(chosen: Channel, effects: tuple[str, ...]) -> Channel:
+    """`chosen` with only the named effects left on (the others at their defaults): a single-effect ablation
+    draws the full channel and keeps one part, so each copy hears exactly what the full channel gives it."""
+    check_effects(effects)
     default = Channel()
     off = {name: getattr(default, name) for effect, names in EFFECTS.items() if effect not in effects for name in names}
     return dataclasses.replace(chosen, **off)

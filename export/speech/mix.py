@@ -117,7 +117,7 @@ def build(real: pathlib.Path, tts: pathlib.Path | None, out: pathlib.Path, real_
     (out / "train").mkdir(parents=True, exist_ok=True)
     kept = () if clean else effects
     if kept is not None:
-        channel.keep(channel.Channel(), kept)  # unknown names fail before any work
+        channel.check_effects(kept)  # unknown names fail before any work
     work = tasks(real, "r", real_copies, out, effects=kept)
     dev = dev_rows(real, "real")
     link(out, "real", real)
