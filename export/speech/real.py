@@ -31,7 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from attnserve.export.speech import manifest, text
-from attnserve.export.speech.real_sources import Clip, asterisk, drascula, queen
+from attnserve.export.speech.real_sources import Clip, asterisk, drascula, queen, steel_sky
 
 log = logging.getLogger("attnserve.speech.real")
 
@@ -43,12 +43,15 @@ MIN_SECONDS = 0.4
 MIN_CPS, MAX_CPS = 5.0, 24.0
 PACKAGES = {
     queen.SOURCE: ["flight-of-the-amazon-queen"],
+    # ScummVM's binary holds the Huffman tree that Steel Sky's text needs (real_sources/steel_sky.py).
+    steel_sky.SOURCE: ["beneath-a-steel-sky", "scummvm"],
     drascula.SOURCE: ["drascula"],
     asterisk.SOURCE: ["asterisk-core-sounds-en-wav", "asterisk-core-sounds-en"],
 }
 LICENCES = {
     queen.SOURCE: "freeware: free redistribution, modified versions marked (Debian copyright file)",
     drascula.SOURCE: "freeware: free redistribution (Debian copyright file)",
+    steel_sky.SOURCE: "Beneath-a-Steel-Sky-License: free redistribution, no fee for the game (Debian copyright file)",
     asterisk.SOURCE: "CC-BY-SA-3.0",
 }
 HELDOUT_SOURCES = (drascula.SOURCE, asterisk.SOURCE)
@@ -78,6 +81,8 @@ def fetch(out: pathlib.Path, package: str) -> pathlib.Path:
 def all_clips(out: pathlib.Path) -> Iterator[Clip]:
     roots = {name: fetch(out, name) for names in PACKAGES.values() for name in names}
     yield from queen.clips(roots["flight-of-the-amazon-queen"])
+    # After Amazon Queen, so that the earlier sources' clips keep their ids.
+    yield from steel_sky.clips(roots["beneath-a-steel-sky"], roots["scummvm"])
     yield from drascula.clips(roots["drascula"])
     yield from asterisk.clips(roots["asterisk-core-sounds-en-wav"], roots["asterisk-core-sounds-en"])
 
