@@ -176,8 +176,8 @@ def choose_tree(disk: Disk, trees: list[Tree]) -> Tree:
 
 
 def clean(line: str) -> str:
-    """The line without the game's markup: backticks and stray control characters dropped, the emphasis
-    that the game writes in capitals left to the normaliser (which lower-cases)."""
+    """The line without the game's stray backticks and with its whitespace collapsed; the emphasis that the
+    game writes in capitals is left to the normaliser (which lower-cases)."""
     return " ".join(line.replace("`", "").split())
 
 
