@@ -95,7 +95,7 @@ def test_rnc_refuses_damaged_streams():
     wrong_length = packed[:4] + struct.pack(">I", 99) + packed[8:]
     with pytest.raises(ValueError, match="header says 99"):
         rnc.unpack(wrong_length)
-    bad_crc = packed[:12] + struct.pack(">H", rnc.crc16(b"other") ) + packed[14:]
+    bad_crc = packed[:12] + struct.pack(">H", rnc.crc16(b"other")) + packed[14:]
     with pytest.raises(ValueError, match="checksum"):
         rnc.unpack(bad_crc, check_crc=True)
 
@@ -136,12 +136,18 @@ def test_disk_reads_stored_and_packed_files():
         disk.read(50003)
 
 
+def _codes(tree: list[tuple[int, int, int]], node: int = 0, path: str = "") -> dict[str, str]:
+    left, right, value = tree[node]
+    if not (left or right):
+        return {chr(value): path}
+    return _codes(tree, left, path + "0") | _codes(tree, right, path + "1")
+
+
 # A small tree: 0 -> NUL, 10 -> "a", 110 -> " ", 111 -> "b".
 TREE = [(1, 2, 0), (0, 0, 0), (3, 4, 0), (0, 0, ord("a")), (5, 6, 0), (0, 0, ord(" ")), (0, 0, ord("b"))]
-CODES = {"\0": "0", "a": "10", " ": "110", "b": "111"}
 
 
-def _section(lines: list[str], codes: dict[str, str] = CODES) -> bytes:
+def _section(lines: list[str], codes: dict[str, str]) -> bytes:
     """A text section file: offsets, one length byte per line (2-bit units), then the lines' bits."""
     bits, lengths = "", []
     for line in lines:
@@ -162,7 +168,7 @@ def _section(lines: list[str], codes: dict[str, str] = CODES) -> bytes:
 
 def test_section_lines_decode_across_blocks():
     lines = [("ab " * (i % 5)).strip() or "a" for i in range(40)]  # two blocks of 32 lines
-    assert steel_sky.section_lines(_section(lines), TREE)[:40] == lines
+    assert steel_sky.section_lines(_section(lines, _codes(TREE)), TREE)[:40] == lines
 
 
 def _tree(alphabet: str) -> list[tuple[int, int, int]]:
@@ -176,13 +182,6 @@ def _tree(alphabet: str) -> list[tuple[int, int, int]]:
     for leaf, char in zip(leaves, alphabet):
         nodes[leaf] = (0, 0, ord(char))
     return nodes
-
-
-def _codes(tree: list[tuple[int, int, int]], node: int = 0, path: str = "") -> dict[str, str]:
-    left, right, value = tree[node]
-    if not (left or right):
-        return {chr(value): path}
-    return _codes(tree, left, path + "0") | _codes(tree, right, path + "1")
 
 
 def test_huffman_trees_are_found_by_shape():

@@ -58,8 +58,8 @@ def _reverse(code: int, length: int) -> int:
     return int(f"{code:0{length}b}"[::-1], 2)
 
 
-def _table(bits: _Bits) -> dict[tuple[int, int], int]:
-    """A canonical Huffman table: (code length, bit-reversed code) -> symbol."""
+def _table(bits: _Bits) -> tuple[dict[tuple[int, int], int], list[int]]:
+    """A canonical Huffman table: (code length, bit-reversed code) -> symbol, and its code lengths in order."""
     symbols = bits.read(5)
     lengths = [bits.read(4) for _ in range(symbols)]
     table, code = {}, 0
@@ -68,7 +68,7 @@ def _table(bits: _Bits) -> dict[tuple[int, int], int]:
             if symbol_length == length:
                 table[(length, _reverse(code >> (16 - length), length))] = symbol
                 code += 1 << (16 - length)
-    return table
+    return table, sorted({length for length, _ in table})
 
 
 def _value(bits: _Bits, table: dict[tuple[int, int], int], lengths: list[int]) -> int:
@@ -109,11 +109,7 @@ def unpack(data: bytes, check_crc: bool = False) -> bytes:
     bits.read(2)  # the lock and key flags
     out = bytearray()
     for _ in range(blocks):
-        tables = []
-        for _ in range(3):
-            table = _table(bits)
-            tables.append((table, sorted({length for length, _ in table})))
-        (raw, raw_lengths), (offsets, offset_lengths), (matches, match_lengths) = tables
+        (raw, raw_lengths), (offsets, offset_lengths), (matches, match_lengths) = (_table(bits) for _ in range(3))
         steps = bits.read(16)
         for step in range(steps):
             run = _value(bits, raw, raw_lengths)

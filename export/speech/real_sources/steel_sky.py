@@ -102,19 +102,20 @@ def _tree_at(binary: bytes, at: int) -> Tree | None:
     return [tuple(binary[at + 3 * i: at + 3 * i + 3]) for i in range(size)]
 
 
-def section_lines(data: bytes, tree: Tree, limit: int = 4096) -> list[str]:
+def section_lines(data: bytes, tree: Tree) -> list[str]:
     """The lines of one text section file, decoded with `tree`, up to the first one that does not decode."""
     lengths_at, bits_at = struct.unpack_from("<HH", data, 0)
     blocks = (lengths_at - 4) // 2
-    lines = []
-    for number in range(min(limit, blocks * 32)):
-        block, index = divmod(number, 32)
-        offset = sum(struct.unpack_from(f"<{block}H", data, 4)) if block else 0
-        offset += sum(_skip(b) for b in data[lengths_at + 32 * block: lengths_at + 32 * block + index])
-        line = _decode(data, tree, bits_at * 8 + offset * 2)
-        if line is None:
-            break
-        lines.append(line)
+    lines, block_start = [], 0
+    for block, block_length in enumerate(struct.unpack_from(f"<{blocks}H", data, 4)):
+        offset = block_start
+        for length_byte in data[lengths_at + 32 * block: lengths_at + 32 * block + 32]:
+            line = _decode(data, tree, bits_at * 8 + offset * 2)
+            if line is None:
+                return lines
+            lines.append(line)
+            offset += _skip(length_byte)
+        block_start += block_length
     return lines
 
 
