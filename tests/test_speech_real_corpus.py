@@ -196,11 +196,16 @@ def test_prepare_resamples_and_drops_implausible_rates(tmp_path):
 
 
 def test_heldout_sources_and_dev_characters_split_apart():
-    clip = lambda source, character: Clip(source, "k", "t", character, b"", "wav")  # noqa: E731
+    clip = lambda source, character, key="k": Clip(source, key, "t", character, b"", "wav")  # noqa: E731
     assert real.split_of(clip("drascula", "john")) == "test_real_heldout"
     assert real.split_of(clip("asterisk-core-sounds-en", "asterisk_voice")) == "test_real_heldout"
     assert real.split_of(clip("flight-of-the-amazon-queen", real.DEV_CHARACTERS[0])) == "dev"
     assert real.split_of(clip("flight-of-the-amazon-queen", "JOE")) == "train"
+    sky = "beneath-a-steel-sky"
+    assert real.split_of(clip(sky, "", f"{real.DEV_STEEL_SKY_SECTION}-0012")) == "dev"
+    assert real.split_of(clip(sky, "", "1-0012")) == "train"
+    # Only the section decides: line 5 of another section is not the held-out section 5.
+    assert real.split_of(clip(sky, "", "2-0005")) == "train"
 
 
 def test_manifest_refuses_words_without_times():
