@@ -173,6 +173,7 @@ def test_transcripts_are_normalised_or_refused():
     assert real.transcript("Well-known, isn't it?") == "well known isn't it"
     assert real.transcript("Speeds of up to 100 miles") is None  # digits: no unique reading
     assert real.transcript("<ARGH>") is None
+    assert real.transcript("the factory manufactures the new unit(s)") is None
 
 
 def _tone_clip(seconds: float, text: str) -> Clip:

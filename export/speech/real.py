@@ -11,7 +11,8 @@ manifest format (export/speech/manifest.py), with the source, character and lice
 
 Splits: `test_real_heldout` is whole sources (all of Drascula and the Asterisk voice), never trained on or
 used for selection; `dev` is the Amazon Queen characters in `DEV_CHARACTERS` and Steel Sky's section
-`DEV_STEEL_SKY_SECTION` (both held out from training); `train` is the rest.
+`DEV_STEEL_SKY_SECTION` and the whole of `DEV_SOURCES` (Warzone 2100's tutorial), all held out from
+training; `train` is the rest.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Iterator
 import numpy as np
 
 from attnserve.export.speech import manifest, text
-from attnserve.export.speech.real_sources import Clip, asterisk, drascula, queen, steel_sky
+from attnserve.export.speech.real_sources import Clip, asterisk, drascula, queen, steel_sky, warzone
 
 log = logging.getLogger("attnserve.speech.real")
 
@@ -47,12 +48,14 @@ PACKAGES = {
     steel_sky.SOURCE: ["beneath-a-steel-sky", "scummvm"],
     drascula.SOURCE: ["drascula"],
     asterisk.SOURCE: ["asterisk-core-sounds-en-wav", "asterisk-core-sounds-en"],
+    warzone.SOURCE: ["warzone2100-data"],
 }
 LICENCES = {
     queen.SOURCE: "freeware: free redistribution, modified versions marked (Debian copyright file)",
     drascula.SOURCE: "freeware: free redistribution (Debian copyright file)",
     steel_sky.SOURCE: "Beneath-a-Steel-Sky-License: free redistribution, no fee for the game (Debian copyright file)",
     asterisk.SOURCE: "CC-BY-SA-3.0",
+    warzone.SOURCE: "GPL-2+",
 }
 HELDOUT_SOURCES = (drascula.SOURCE, asterisk.SOURCE)
 # Amazon Queen speakers held out as dev (two female, one male; ~270 clips).
@@ -61,6 +64,8 @@ DEV_CHARACTERS = ("WITCH", "NAOMI", "IAN")
 # selection sees the recording kind that the held-out test has. Its own characters are new to training; the
 # hero and his robot speak in every section, so they are not.
 DEV_STEEL_SKY_SECTION = "5"
+# Whole sources held out as dev: Warzone 2100's tutorial narrator (~2 min), a voice no split trains on.
+DEV_SOURCES = (warzone.SOURCE,)
 SPLITS = ("train", "dev", "test_real_heldout")
 
 
@@ -89,6 +94,8 @@ def all_clips(out: pathlib.Path) -> Iterator[Clip]:
     yield from steel_sky.clips(roots["beneath-a-steel-sky"], roots["scummvm"])
     yield from drascula.clips(roots["drascula"])
     yield from asterisk.clips(roots["asterisk-core-sounds-en-wav"], roots["asterisk-core-sounds-en"])
+    # Last: its clips only add dev rows, after the others' (every earlier id stays).
+    yield from warzone.clips(roots["warzone2100-data"])
 
 
 def decode(clip: Clip) -> np.ndarray:
@@ -119,6 +126,8 @@ def voiced_seconds(samples: np.ndarray) -> float:
 
 def transcript(line: str) -> str | None:
     """The normalised transcript of a source's line, or None when it has no unique one."""
+    if text.GLUED_PARENTHESIS.search(line):  # "unit(s)": "unit", "units" or "unit s"
+        return None
     try:
         return text.normalise(line) or None
     except ValueError:
@@ -128,7 +137,7 @@ def transcript(line: str) -> str | None:
 def split_of(clip: Clip) -> str:
     if clip.source in HELDOUT_SOURCES:
         return "test_real_heldout"
-    if clip.character in DEV_CHARACTERS:
+    if clip.source in DEV_SOURCES or clip.character in DEV_CHARACTERS:
         return "dev"
     if clip.source == steel_sky.SOURCE and clip.key.split("-")[0] == DEV_STEEL_SKY_SECTION:
         return "dev"

@@ -46,7 +46,7 @@ _ACRONYM = re.compile(r"[A-Z]{2,}")  # "PDF", "PCs", "URLs"
 _INNER_CAPITAL = re.compile(r"[a-z][A-Z]")
 _SENTENCE_END = re.compile(r"[.?!][\"')\u2019\u201d]*$")
 _REPEATED_PUNCT = re.compile(r"\.\.|--|\?\?|!!|\s[.,;:?!]")
-_GLUED_PARENTHESIS = re.compile(r"[A-Za-z]\(")  # "file(s)": read as "file s" or "files"
+GLUED_PARENTHESIS = re.compile(r"[A-Za-z]\(")  # "file(s)": read as "file s" or "files"
 _MENU_PATH = re.compile(r"[A-Za-z] - [A-Z]")  # "Format - Cells - Numbers"
 
 
@@ -111,7 +111,7 @@ def rejection(spoken: str, source: str) -> str | None:
         return "abbreviation"
     if _ACRONYM.search(text) or _INNER_CAPITAL.search(text):
         return "acronym_or_camelcase"
-    if _REPEATED_PUNCT.search(text) or _GLUED_PARENTHESIS.search(text):
+    if _REPEATED_PUNCT.search(text) or GLUED_PARENTHESIS.search(text):
         return "odd_punctuation"
     if _MENU_PATH.search(text):
         return "menu_path"
