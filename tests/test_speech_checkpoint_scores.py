@@ -4,10 +4,11 @@ and drawn on the card (model_card_recorded.selection_lines)."""
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 
-from attnserve.export.speech import checkpoint_scores
+from attnserve.export.speech import checkpoint_scores, model_card_recorded
 from attnserve.export.speech.model_card_recorded import selection_lines
 
 
@@ -31,10 +32,22 @@ def test_gather_orders_checkpoints_and_checks_the_choice(tmp_path):
 
     lines = selection_lines(gathered)
     assert lines[0] == "| checkpoint | channels: dev | channels: dev_channel | clean: dev | clean: dev_channel |"
-    assert lines[2].startswith("| v8 (start) | 50.0% / 80.0% | 51.0% / 81.0% |")
+    assert lines[2].startswith("| v8 (the version before) | 50.0% / 80.0% | 51.0% / 81.0% |")
     assert lines[4] == "| 2 (steps 300, 310) | **3.0% / 70.0%** | **4.0% / 71.0%** | 3.1% / 70.0% | 4.1% / 71.0% |"
     assert lines[5].endswith("| - | - |")  # the clean run had no third checkpoint
     ablation = checkpoint_scores.gather(("v8", tmp_path / "base.json"), runs, None)  # shipped nothing
     assert ablation["chosen"] is None
     ablation_lines = selection_lines(ablation)
     assert ablation_lines[4] == lines[4].replace("**", "") and "**" not in "".join(ablation_lines)
+
+
+def test_card_finds_the_new_version_among_older_ones_and_names_dev_sources():
+    scores = {"splits": {"test_seen": {"models/speech-en/9": {}, "pocketsphinx": {}, "models/speech-en/10": {},
+                                       "models/speech-en/11": {}}}}
+    # The older versions come first in a merged file: the card must still describe the one it exports.
+    assert model_card_recorded.version_key(scores, pathlib.Path("models/speech-en/11")) == "models/speech-en/11"
+    with pytest.raises(SystemExit, match="models/speech-en/12 has no scores"):
+        model_card_recorded.version_key(scores, pathlib.Path("models/speech-en/12"))
+    real = {"hours": {"drascula/test_real_heldout": 0.75, "flight-of-the-amazon-queen/dev": 0.22,
+                      "flight-of-the-amazon-queen/train": 3.67, "warzone2100-data/dev": 0.03}}
+    assert model_card_recorded.held_out_for_dev(real) == "flight-of-the-amazon-queen, warzone2100-data"

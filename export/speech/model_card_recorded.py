@@ -44,6 +44,20 @@ def verdict_line(scores: dict, before: str, after: str) -> str:
             f" {', '.join(worse) or 'nothing'}. {before} stays loadable beside it.")
 
 
+def version_key(scores: dict, model_dir: pathlib.Path) -> str:
+    """The key of the new version's figures in `evaluate_real`'s output (which may hold older versions too)."""
+    keys = list(next(iter(scores["splits"].values())))
+    for key in keys:
+        if pathlib.Path(key) == model_dir:
+            return key
+    raise SystemExit(f"{model_dir} has no scores in --scores (it has {', '.join(keys)})")
+
+
+def held_out_for_dev(real: dict) -> str:
+    """The sources with clips in dev, from real.py's stats (hours per `source/split`)."""
+    return ", ".join(key.split("/")[0] for key in real["hours"] if key.split("/")[1] == "dev")
+
+
 def recorded_data_lines(real: dict, mix: dict) -> list[str]:
     lines = ["| source | split | hours |", "|---|---|---|"]
     lines += [f"| {key.split('/')[0]} | {key.split('/')[1]} | {hours:.2f} |" for key, hours in real["hours"].items()]
@@ -63,7 +77,7 @@ def selection_lines(selection: dict) -> list[str]:
     cell = lambda f: f"{f['cer']:.1%} / {f['wer']:.1%}"  # noqa: E731
     head = " | ".join(f"{r['name']}: {split}" for r in runs for split in splits)
     lines = [f"| checkpoint | {head} |", "|---|" + "---|" * (len(runs) * len(splits)),
-             f"| {base['name']} (start) | " + " | ".join(cell(base["splits"][s]) for _ in runs for s in splits) + " |"]
+             f"| {base['name']} (the version before) | " + " | ".join(cell(base["splits"][s]) for _ in runs for s in splits) + " |"]
     chosen = selection["chosen"]
     for k in range(max(len(r["checkpoints"]) for r in runs)):
         cells = []
@@ -80,7 +94,7 @@ def render(checkpoint: dict, start: dict, scores: dict, real: dict, mix: dict, m
            before: str, selection: dict | None = None) -> str:
     cfg, state = ListenAttendSpellConfig(**checkpoint["config"]), checkpoint["state"]
     manifest = json.loads((model_dir / "manifest.json").read_text())
-    after = next(k for k in next(iter(scores["splits"].values())) if k not in (before, SPHINX))
+    after = version_key(scores, model_dir)
     minutes = (state["seconds"] - start["state"]["seconds"]) / 60
     served = {split: {"beam_size": e[after]["beam_size"], **e[after]} for split, e in scores["splits"].items()}
     own = {"beam_size": next(iter(served.values()))["beam_size"], "splits": served}
@@ -90,8 +104,8 @@ def render(checkpoint: dict, start: dict, scores: dict, real: dict, mix: dict, m
         "An English speech recognizer, listen, attend and spell (Chan et al. 2015), writing lower-case characters,",
         "exported to ONNX with the step's attention as output (docs/model-contract.md), from which the server times",
         f"every word in {10 * cfg.time_reduction} ms spans. Version {manifest['version']} is {before}'s weights trained",
-        f"further for {minutes:.0f} minutes on one shared CPU core, on recorded human speech (three Amazon Queen",
-        "characters held out) and synthesized speech, "
+        f"further for {minutes:.0f} minutes on a shared 2-core CPU, on recorded human speech (dev held out:",
+        f"{held_out_for_dev(real)}) and synthesized speech, "
         + ("each clip as recorded or synthesized (no channel), with SpecAugment." if mix.get("clean") else
            "every clip through a random recording channel (room, band, codec, noise, level, speed) and SpecAugment."),
         "It is still far from usable on arbitrary microphones: see the scores.",
@@ -150,9 +164,9 @@ def training_section(state: dict, start: dict, before: str, selection: dict | No
     return [
         "## Training",
         f"- From {before} (step {start['state']['step']:,}): {steps:,} steps, {hours:.1f} h of audio seen in"
-        f" {minutes:.0f} minutes of compute ({hours * 3600 / max(minutes * 60, 1):.0f} audio-s/s, one thread on 2"
-        " CPU cores shared with other jobs). Joint CTC-attention loss, Adam (fresh), inverse-square-root decay.",
-        f"- The trainer's greedy dev CER (recorded, held-out Amazon Queen characters): best {best['cer']:.1%}"
+        f" {minutes:.0f} minutes of compute ({hours * 3600 / max(minutes * 60, 1):.0f} audio-s/s on 2 CPU"
+        " cores shared with other jobs). Joint CTC-attention loss, Adam (fresh), inverse-square-root decay.",
+        f"- The trainer's greedy dev CER (its first dev clips: held-out Amazon Queen characters): best {best['cer']:.1%}"
         f" (WER {best['wer']:.1%}) at step {best['step']:,}; history: "
         + ", ".join(f"{h['step']:,}: {h['cer']:.1%}" for h in history) + ".",
         "",
