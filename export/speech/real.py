@@ -61,8 +61,8 @@ HELDOUT_SOURCES = (drascula.SOURCE, asterisk.SOURCE)
 # Amazon Queen speakers held out as dev (two female, one male; ~270 clips).
 DEV_CHARACTERS = ("WITCH", "NAOMI", "IAN")
 # A Steel Sky section held out as dev too (421 clips, 15 min): 8-bit 11 kHz studio speech as Drascula's, so
-# selection sees the recording kind that the held-out test has. Characters met only there are new to training; the
-# hero and his robot speak in every section, so they are not.
+# selection sees the recording kind that the held-out test has. Characters met only there are new to
+# training; the hero and his robot speak in every section, so they are not.
 DEV_STEEL_SKY_SECTION = "5"
 # Whole sources held out as dev: Warzone 2100's tutorial narrator (~2 min), a voice no split trains on.
 DEV_SOURCES = (warzone.SOURCE,)
