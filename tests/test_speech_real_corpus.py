@@ -7,8 +7,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import os
-import pathlib
 import shutil
 import struct
 import wave
@@ -18,6 +16,7 @@ import pytest
 
 from attnserve.export.speech import channel, manifest, real
 from attnserve.export.speech.real_sources import Clip, asterisk, drascula, queen
+from real_packages import package_root
 
 HAS_SOX = shutil.which("sox") is not None
 
@@ -271,18 +270,13 @@ def test_fetch_unpacks_into_a_fresh_output_folder(tmp_path):
 
 # --- the real packages ----------------------------------------------------------------------------------
 
-def _package_root(package: str) -> pathlib.Path | None:
-    unpacked = os.environ.get("ATTNSERVE_REAL_SPEECH_PKG")
-    for root in ([pathlib.Path(unpacked) / package] if unpacked else []) + [pathlib.Path("/")]:
-        if {"flight-of-the-amazon-queen": root / queen.ARCHIVE, "drascula": root / drascula.FOLDER / "drascula.dat"}[
-                package].exists():
-            return root
-    return None
+QUEEN = package_root("flight-of-the-amazon-queen", queen.ARCHIVE)
+DRASCULA = package_root("drascula", drascula.FOLDER + "/drascula.dat")
 
 
-@pytest.mark.skipif(_package_root("flight-of-the-amazon-queen") is None, reason="Amazon Queen package not here")
+@pytest.mark.skipif(QUEEN is None, reason="Amazon Queen package not here")
 def test_real_queen_package_pairs_thousands_of_clips():
-    clips = list(queen.clips(_package_root("flight-of-the-amazon-queen")))
+    clips = list(queen.clips(QUEEN))
     assert len(clips) > 5500
     assert all(c.audio[:2] in (b"\xff\xe3", b"\xff\xf3", b"\xff\xfb", b"ID") for c in clips[:200])  # MP3 frames
     joe = [c for c in clips if c.character == "JOE"]
@@ -291,9 +285,9 @@ def test_real_queen_package_pairs_thousands_of_clips():
     assert by_key["020006P1"] == "You're asking for trouble King."
 
 
-@pytest.mark.skipif(_package_root("drascula") is None, reason="Drascula package not here")
+@pytest.mark.skipif(DRASCULA is None, reason="Drascula package not here")
 def test_real_drascula_package_reads_english():
-    clips = {c.key: c for c in drascula.clips(_package_root("drascula"))}
+    clips = {c.key: c for c in drascula.clips(DRASCULA)}
     assert len(clips) > 700
     assert clips["1.ALS"].text.startswith("THAT'S THE SECOND BIGGEST DOOR")
 

@@ -4,14 +4,13 @@ the real packages where the machine has them (unpacked under $ATTNSERVE_REAL_SPE
 
 from __future__ import annotations
 
-import os
-import pathlib
 import random
 import struct
 
 import pytest
 
 from attnserve.export.speech.real_sources import rnc, steel_sky
+from real_packages import package_root
 
 
 # --- a small RNC method-1 encoder -------------------------------------------------------------------------
@@ -208,16 +207,8 @@ def test_clean_drops_backticks_and_keeps_capitals():
 
 # --- the real packages ----------------------------------------------------------------------------------
 
-def _root(package: str, marker: str) -> pathlib.Path | None:
-    unpacked = os.environ.get("ATTNSERVE_REAL_SPEECH_PKG")
-    for root in ([pathlib.Path(unpacked) / package] if unpacked else []) + [pathlib.Path("/")]:
-        if (root / marker).exists():
-            return root
-    return None
-
-
-GAME = _root("beneath-a-steel-sky", steel_sky.FOLDER + "/sky.dnr")
-SCUMMVM = _root("scummvm", steel_sky.SCUMMVM_BINARY)
+GAME = package_root("beneath-a-steel-sky", steel_sky.FOLDER + "/sky.dnr")
+SCUMMVM = package_root("scummvm", steel_sky.SCUMMVM_BINARY)
 
 
 @pytest.mark.skipif(GAME is None or SCUMMVM is None, reason="Steel Sky and ScummVM packages not here")

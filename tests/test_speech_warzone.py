@@ -3,13 +3,13 @@ machine has it (unpacked under $ATTNSERVE_REAL_SPEECH_PKG/warzone2100-data, or i
 
 from __future__ import annotations
 
-import os
 import pathlib
 import zipfile
 
 import pytest
 
 from attnserve.export.speech.real_sources import warzone
+from real_packages import package_root
 
 SCRIPT = r'''
 function setUpConsoleAndAudioVar()
@@ -50,17 +50,12 @@ def test_clips_skip_lines_without_text_or_audio(tmp_path):
     ]
 
 
-def _real_root() -> pathlib.Path | None:
-    unpacked = os.environ.get("ATTNSERVE_REAL_SPEECH_PKG")
-    for root in ([pathlib.Path(unpacked) / warzone.SOURCE] if unpacked else []) + [pathlib.Path("/")]:
-        if (root / warzone.ARCHIVE).exists():
-            return root
-    return None
+REAL = package_root(warzone.SOURCE, warzone.ARCHIVE)
 
 
-@pytest.mark.skipif(_real_root() is None, reason="warzone2100-data not here")
+@pytest.mark.skipif(REAL is None, reason="warzone2100-data not here")
 def test_real_tutorial_lines():
-    clips = list(warzone.clips(_real_root()))
+    clips = list(warzone.clips(REAL))
     assert len(clips) == 42
     assert clips[0].text == "In this training session you'll learn how to build an effective base"
     assert all(c.audio.startswith(b"OggS") for c in clips)
