@@ -199,6 +199,7 @@ def test_heldout_sources_and_dev_characters_split_apart():
     clip = lambda source, character, key="k": Clip(source, key, "t", character, b"", "wav")  # noqa: E731
     assert real.split_of(clip("drascula", "john")) == "test_real_heldout"
     assert real.split_of(clip("asterisk-core-sounds-en", "asterisk_voice")) == "test_real_heldout"
+    assert real.split_of(clip("pocketsphinx-testdata", "cards_speaker")) == "test_microphone"
     assert real.split_of(clip("flight-of-the-amazon-queen", real.DEV_CHARACTERS[0])) == "dev"
     assert real.split_of(clip("flight-of-the-amazon-queen", "JOE")) == "train"
     sky = "beneath-a-steel-sky"
@@ -384,6 +385,18 @@ def test_mix_effects_arm_keeps_only_the_named_effect(tmp_path):
         assert len(copy) == len(samples)  # no speed change came through
     with pytest.raises(ValueError, match="unknown"):
         mix.build(real_dir, None, tmp_path / "bad", 1, 1, 1, effects=("echo",))
+
+
+def test_evaluated_splits_include_the_microphone_split_where_the_corpus_has_it(tmp_path):
+    from attnserve.export.speech import evaluate_real
+
+    real, tts = tmp_path / "real", tmp_path / "tts"
+    real.mkdir()
+    assert evaluate_real.test_sets(real, tts, evaluate_real.SPLITS) == [
+        (real, "test_real_heldout"), (tts, "test_heldout_voices"), (tts, "test_seen")]
+    (real / "test_microphone.jsonl").write_text("")
+    assert evaluate_real.test_sets(real, None, evaluate_real.SPLITS) == [(real, "test_real_heldout"), (real, "test_microphone")]
+    assert evaluate_real.test_sets(real, tts, ["test_microphone", "test_seen"]) == [(real, "test_microphone"), (tts, "test_seen")]
 
 
 def test_sphinx_words_and_merged_runs(tmp_path):

@@ -6,7 +6,8 @@
 Every model folder is scored through the serving engine (export/speech/evaluate.py: its default search)
 and PocketSphinx 5 (PyPI `pocketsphinx`, its bundled en-us acoustic model, language model and dictionary)
 decodes the same clips: `test_real_heldout` of the recorded corpus (Drascula and the Asterisk voice, never
-trained on), and `test_heldout_voices` and `test_seen` of the synthesized corpus. PocketSphinx's words are
+trained on) and its `test_microphone` (PocketSphinx's own test recordings, where the corpus has them), and
+`test_heldout_voices` and `test_seen` of the synthesized corpus. PocketSphinx's words are
 lower-cased and kept to the corpus alphabet (its `<sil>`-style fillers dropped) before scoring.
 """
 
@@ -28,6 +29,7 @@ from attnserve.export.common.serving import open_engine
 from attnserve.export.speech import evaluate, manifest
 from attnserve.export.speech.scoring import error_rate
 
+SPLITS = ("test_real_heldout", "test_microphone", "test_heldout_voices", "test_seen")
 _NOT_WORD = re.compile(r"[^a-z' ]")
 
 
@@ -106,6 +108,16 @@ def model_split(model_dir: pathlib.Path, corpus: pathlib.Path, split: str) -> di
             engine.close()
 
 
+def test_sets(real: pathlib.Path, tts: pathlib.Path | None, wanted) -> list[tuple[pathlib.Path, str]]:
+    """(corpus, split) of the `wanted` splits that the corpora have."""
+    sets = [(real, "test_real_heldout")]
+    if (real / "test_microphone.jsonl").exists():  # corpora built before it have none
+        sets.append((real, "test_microphone"))
+    if tts is not None:
+        sets += [(tts, "test_heldout_voices"), (tts, "test_seen")]
+    return [(corpus, split) for corpus, split in sets if split in wanted]
+
+
 def merge(paths: list[pathlib.Path]) -> dict:
     """Several runs' scores as one: each split's entries side by side (a split's subset is named by its clip
     spacing, `<split>.every<k>`, so entries under one name scored the same clips). An input may be an earlier
@@ -128,8 +140,7 @@ def main() -> None:
     parser.add_argument("--tts", type=pathlib.Path, help="export/speech/build.py's output")
     parser.add_argument("--clips", type=int, help="about N clips of each split, spread evenly over it")
     parser.add_argument("--no-sphinx", action="store_true", help="leave PocketSphinx out")
-    parser.add_argument("--splits", nargs="+", default=["test_real_heldout", "test_heldout_voices", "test_seen"],
-                        help="which of the three to score")
+    parser.add_argument("--splits", nargs="+", choices=SPLITS, default=list(SPLITS), help="which to score")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
     if args.merge:
@@ -139,11 +150,8 @@ def main() -> None:
         return
     if not args.models or args.real is None:
         parser.error("--models and --real are needed (or --merge)")
-    sets = [(args.real, "test_real_heldout")]
-    if args.tts is not None:
-        sets += [(args.tts, "test_heldout_voices"), (args.tts, "test_seen")]
     scores: dict = {"clips": args.clips, "splits": {}}
-    for corpus, split in [(c, s) for c, s in sets if s in args.splits]:
+    for corpus, split in test_sets(args.real, args.tts, args.splits):
         split = subset(corpus, split, args.clips)
         entry = scores["splits"][split] = {}
         for model_dir in args.models:

@@ -12,7 +12,8 @@ manifest format (export/speech/manifest.py), with the source, character and lice
 Splits: `test_real_heldout` is whole sources (all of Drascula and the Asterisk voice), never trained on or
 used for selection; `dev` is the Amazon Queen characters in `DEV_CHARACTERS` and Steel Sky's section
 `DEV_STEEL_SKY_SECTION` and the whole of `DEV_SOURCES` (Warzone 2100's tutorial), all held out from
-training; `train` is the rest.
+training; `train` is the rest. `test_microphone` is PocketSphinx's test recordings, the only microphone
+speech packages ship (37 s): too little for a figure of its own weight, so it is reported beside the others.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Iterator
 import numpy as np
 
 from attnserve.export.speech import manifest, text
-from attnserve.export.speech.real_sources import Clip, asterisk, drascula, queen, steel_sky, warzone
+from attnserve.export.speech.real_sources import Clip, asterisk, drascula, pocketsphinx_testdata, queen, steel_sky, warzone
 
 log = logging.getLogger("attnserve.speech.real")
 
@@ -49,6 +50,7 @@ PACKAGES = {
     drascula.SOURCE: ["drascula"],
     asterisk.SOURCE: ["asterisk-core-sounds-en-wav", "asterisk-core-sounds-en"],
     warzone.SOURCE: ["warzone2100-data"],
+    pocketsphinx_testdata.SOURCE: ["pocketsphinx-testdata"],
 }
 LICENCES = {
     queen.SOURCE: "freeware: free redistribution, modified versions marked (Debian copyright file)",
@@ -56,6 +58,7 @@ LICENCES = {
     steel_sky.SOURCE: "Beneath-a-Steel-Sky-License: free redistribution, no fee for the game (Debian copyright file)",
     asterisk.SOURCE: "CC-BY-SA-3.0",
     warzone.SOURCE: "GPL-2+",
+    pocketsphinx_testdata.SOURCE: "BSD-2-Clause (Debian copyright file)",
 }
 HELDOUT_SOURCES = (drascula.SOURCE, asterisk.SOURCE)
 # Amazon Queen speakers held out as dev (two female, one male; ~270 clips).
@@ -66,7 +69,9 @@ DEV_CHARACTERS = ("WITCH", "NAOMI", "IAN")
 DEV_STEEL_SKY_SECTION = "5"
 # Whole sources held out as dev: Warzone 2100's tutorial narrator (~2 min), a voice no split trains on.
 DEV_SOURCES = (warzone.SOURCE,)
-SPLITS = ("train", "dev", "test_real_heldout")
+# Whole sources recorded through a microphone (not a studio), held out as their own test split.
+MICROPHONE_SOURCES = (pocketsphinx_testdata.SOURCE,)
+SPLITS = ("train", "dev", "test_real_heldout", "test_microphone")
 
 
 def fetch(out: pathlib.Path, package: str) -> pathlib.Path:
@@ -96,6 +101,7 @@ def all_clips(out: pathlib.Path) -> Iterator[Clip]:
     yield from asterisk.clips(roots["asterisk-core-sounds-en-wav"], roots["asterisk-core-sounds-en"])
     # Last: its clips only add dev rows, after the others' (every earlier id stays).
     yield from warzone.clips(roots["warzone2100-data"])
+    yield from pocketsphinx_testdata.clips(roots["pocketsphinx-testdata"])
 
 
 def decode(clip: Clip) -> np.ndarray:
@@ -137,6 +143,8 @@ def transcript(line: str) -> str | None:
 def split_of(clip: Clip) -> str:
     if clip.source in HELDOUT_SOURCES:
         return "test_real_heldout"
+    if clip.source in MICROPHONE_SOURCES:
+        return "test_microphone"
     if clip.source in DEV_SOURCES or clip.character in DEV_CHARACTERS:
         return "dev"
     if clip.source == steel_sky.SOURCE and clip.key.split("-")[0] == DEV_STEEL_SKY_SECTION:
