@@ -51,3 +51,11 @@ def test_card_finds_the_new_version_among_older_ones_and_names_dev_sources():
     real = {"hours": {"drascula/test_real_heldout": 0.75, "flight-of-the-amazon-queen/dev": 0.22,
                       "flight-of-the-amazon-queen/train": 3.67, "warzone2100-data/dev": 0.03}}
     assert model_card_recorded.held_out_for_dev(real) == "flight-of-the-amazon-queen, warzone2100-data"
+
+
+def test_card_says_how_the_training_copies_were_channelled():
+    # mix.py's stats: --clean, one effect family (--effects), or the whole random channel.
+    assert model_card_recorded.channel_words({"clean": True, "effects": None}) == "without channels (`mix --clean`)"
+    assert "only the speed part" in model_card_recorded.channel_words({"clean": False, "effects": ["speed"]})
+    assert "codec and level part" in model_card_recorded.channel_words({"clean": False, "effects": ["codec", "level"]})
+    assert "room, band, codec" in model_card_recorded.channel_words({"clean": False, "effects": None})

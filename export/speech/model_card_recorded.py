@@ -62,11 +62,18 @@ def recorded_data_lines(real: dict, mix: dict) -> list[str]:
     lines = ["| source | split | hours |", "|---|---|---|"]
     lines += [f"| {key.split('/')[0]} | {key.split('/')[1]} | {hours:.2f} |" for key, hours in real["hours"].items()]
     copies = ", ".join(f"{kind} {hours:.2f} h" for kind, hours in mix["train_hours"].items())
-    how = ("without channels (`mix --clean`, docs/speech-corpus.md)" if mix.get("clean")
-           else "through random recording channels (docs/speech-corpus.md)")
-    return [*lines, "", f"Training copies {how}: {copies}"
+    return [*lines, "", f"Training copies (docs/speech-corpus.md) {channel_words(mix)}: {copies}"
                         f" ({mix['train_clips']:,} clips; {mix['real_copies']} per recorded clip,"
                         f" {mix['tts_copies']} per synthesized clip)."]
+
+
+def channel_words(mix: dict) -> str:
+    """How mix.py treated the training copies: no channel, one effect family of a random channel, or all of it."""
+    if mix.get("clean"):
+        return "without channels (`mix --clean`)"
+    if mix.get("effects"):
+        return f"through only the {' and '.join(mix['effects'])} part of a random channel (`mix --effects`)"
+    return "through random recording channels (room, band, codec, noise, level, speed)"
 
 
 def selection_lines(selection: dict) -> list[str]:
@@ -106,8 +113,7 @@ def render(checkpoint: dict, start: dict, scores: dict, real: dict, mix: dict, m
         f"every word in {10 * cfg.time_reduction} ms spans. Version {manifest['version']} is {before}'s weights trained",
         f"further for {minutes:.0f} minutes on a shared 2-core CPU, on recorded human speech (dev held out:",
         f"{held_out_for_dev(real)}) and synthesized speech, "
-        + ("each clip as recorded or synthesized (no channel), with SpecAugment." if mix.get("clean") else
-           "every clip through a random recording channel (room, band, codec, noise, level, speed) and SpecAugment."),
+        + f"the last run's copies {channel_words(mix)}, with SpecAugment.",
         "It is still far from usable on arbitrary microphones: see the scores.",
         "",
         verdict_line(scores, before, after),
