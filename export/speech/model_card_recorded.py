@@ -20,6 +20,7 @@ import pathlib
 import torch
 
 from attnserve.export.common.model_card import write_card
+from attnserve.export.speech import channel
 from attnserve.export.speech.model import ListenAttendSpellConfig
 from attnserve.export.speech.model_card import closing_lines, ctc_lines, default_search_lines, listener_lines, score_lines
 
@@ -73,7 +74,7 @@ def channel_words(mix: dict) -> str:
         return "without channels (`mix --clean`)"
     if mix.get("effects"):
         return f"through only the {' and '.join(mix['effects'])} part of a random channel (`mix --effects`)"
-    return "through random recording channels (room, band, codec, noise, level, speed)"
+    return f"through random recording channels ({', '.join(channel.EFFECTS)})"
 
 
 def selection_lines(selection: dict) -> list[str]:
