@@ -38,14 +38,18 @@ def voice_group(row: dict) -> str:
 
 @contextlib.contextmanager
 def decoding_variant(model_dir: pathlib.Path, ctc_weight: float | None, length_hint: bool,
-                     lm: pathlib.Path | None = None, lm_weight: float | None = None):
+                     lm: pathlib.Path | None = None, lm_weight: float | None = None,
+                     speeds: list[float] | None = None):
     """The version folder as given, or a temporary copy (graphs linked, not copied) whose manifest sets the
-    CTC weight of joint decoding, drops the length hint, or fuses an n-gram LM (`lm`, else the model's own)
-    with `lm_weight`: decoding choices measured on one exported model."""
-    if ctc_weight is None and length_hint and lm is None and lm_weight is None:
+    CTC weight of joint decoding, drops the length hint, fuses an n-gram LM (`lm`, else the model's own)
+    with `lm_weight`, or reads each clip at `speeds` ([1.0]: once): decoding choices measured on one
+    exported model."""
+    if ctc_weight is None and length_hint and lm is None and lm_weight is None and speeds is None:
         yield model_dir
         return
     manifest = json.loads((model_dir / "manifest.json").read_text())
+    if speeds is not None:
+        manifest.setdefault("decoding", {})["speeds"] = speeds
     if ctc_weight is not None:
         if "ctc" not in manifest["encoder"]:
             raise ValueError(f"{model_dir}: the model has no CTC head for joint decoding (manifest encoder.ctc)")
@@ -96,8 +100,9 @@ def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, a
     options = AttentionOptions(enabled=attention, granularity=AttentionGranularity.WORDS)
     order = sorted(range(len(rows)), key=lambda i: rows[i]["duration"])
     results = [None] * len(rows)
-    for begin in range(0, len(order), 128):  # stay under the batcher's queue bound
-        chunk = order[begin : begin + 128]
+    per_chunk = 128 // len(engine.manifest.decoding.speeds)  # stay under the batcher's queue bound: each
+    for begin in range(0, len(order), per_chunk):  # clip is queued once per speed it is read at
+        chunk = order[begin : begin + per_chunk]
         futures = [
             engine.submit(GenerationRequest(
                 engine.manifest.name, audio=audio(i),
@@ -196,10 +201,13 @@ def main() -> None:
     parser.add_argument("--no-length-hint", action="store_true", help="decode without the manifest's length hint")
     parser.add_argument("--lm", type=pathlib.Path, help="fuse this n-gram LM instead of the manifest's")
     parser.add_argument("--lm-weight", type=float, help="the LM's weight in shallow fusion instead of the manifest's")
+    parser.add_argument("--speeds", type=float, nargs="+",
+                        help="read each clip at these playback speeds instead of the manifest's (1.0: once)")
     parser.add_argument("--noise-snr-db", type=float,
                         help="mix white noise into every clip at this signal-to-noise ratio (seeded per clip)")
     args = parser.parse_args()
-    with decoding_variant(args.model_dir, args.ctc_weight, not args.no_length_hint, args.lm, args.lm_weight) as model_dir:
+    with decoding_variant(args.model_dir, args.ctc_weight, not args.no_length_hint, args.lm, args.lm_weight,
+                          args.speeds) as model_dir:
         engine = open_engine(model_dir)
         manifest = engine.manifest
         try:
@@ -207,7 +215,7 @@ def main() -> None:
                       "ctc_weight": manifest.encoder.ctc.weight if manifest.encoder.ctc else 0.0,
                       "length_hint": manifest.encoder.length_hint is not None,
                       "lm_weight": manifest.language_model.weight if manifest.language_model else 0.0,
-                      "noise_snr_db": args.noise_snr_db,
+                      "noise_snr_db": args.noise_snr_db, "speeds": list(manifest.decoding.speeds),
                       "splits": {s: score_split(engine, args.corpus, s, args.beam_size, args.limit, args.noise_snr_db)
                                  for s in args.splits}}
         finally:

@@ -53,6 +53,9 @@ class PreparedRequest:
     early_stopping: bool = False
     # Glossary terms the output must contain (server/decoding/glossary.py Constraint); () = none.
     constraints: tuple = ()
+    # Audio read at several speeds (server/engine/speed_readings.py): this reading's playback speed. None =
+    # the request as given, not yet read.
+    speed: float | None = None
 
     @property
     def keeps_attention(self) -> bool:

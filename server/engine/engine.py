@@ -30,6 +30,7 @@ from attnserve.server.engine.model_handle import ModelHandle
 from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.model.repository import ModelVersion
 from attnserve.server.engine.reranking import Reranker
+from attnserve.server.engine.speed_readings import SpeedReadings
 from attnserve.server.engine.results import ResultBuilder
 from attnserve.server.model.runtime import Runtime
 from attnserve.server.model.tokenization import Tokenizer
@@ -71,6 +72,7 @@ class ModelEngine:
         loop = self._continuous.run if self._continuous is not None else None
         self._batcher = Batcher(WindowedBatches(handle, results), batching, name=self.manifest.name, loop=loop)
         self._reranker = Reranker(self)
+        self._readings = SpeedReadings(self, self.manifest.decoding.speeds)
         # The server's callback for an engine that ends on its own (service.Engine); this one never does.
         self.on_exit: Callable[[str], None] | None = None
 
@@ -146,12 +148,15 @@ class ModelEngine:
         admitted: bool = False,
     ) -> Future[GenerationResult]:
         """Queues a request `prepare` has validated (see submit()); `admitted`: a follow-up of a request
-        already accepted (reranking's rounds), never refused for a full queue.
+        already accepted (reranking's rounds, speed readings), never refused for a full queue. An audio request
+        whose manifest names `decoding.speeds` is read at each (server/engine/speed_readings.py).
 
         Raises:
             ValueError: a reranked request (reverse_weight) with on_token: its output is known only once
                 every candidate was scored. OverloadedError: the queue is full; UnavailableError: closing.
         """
+        if self._readings.applies(prepared):
+            return self._readings.submit(prepared, on_token, on_start)
         if prepared.reverse_language is None:
             return self._batcher.submit(prepared, on_token, on_start, admitted=admitted)
         if on_token is not None:
@@ -166,7 +171,7 @@ class ModelEngine:
         current decode step, its future ends with CancelledError and its batch rows are freed at the next
         step; the other requests of its batch are unaffected. Safe to call from any thread.
         """
-        if not self._reranker.cancel(future):
+        if not self._reranker.cancel(future) and not self._readings.cancel(future):
             self._batcher.cancel(future)
 
     def generate(self, request: GenerationRequest, timeout: float | None = None) -> GenerationResult:

@@ -25,14 +25,14 @@ request cancels whichever round runs.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from attnserve.api.generation import FinishReason, GenerationResult, ScoredSequence
 from attnserve.server.decoding.prepared import PreparedRequest
+from attnserve.server.engine.joined import InFlight, settle, when_all_done
 from attnserve.server.inputs.preprocessing import TextSource
 
 if TYPE_CHECKING:
@@ -59,8 +59,7 @@ class Reranker:
 
     def __init__(self, engine: ModelEngine):
         self._engine = engine
-        self._lock = threading.Lock()
-        self._active: dict[Future, _Rerank] = {}
+        self._in_flight = InFlight()
 
     def submit(self, prepared: PreparedRequest, on_start: Callable[[], None] | None = None) -> Future:
         """Queues the beam search of a request whose `reverse_language` is set; returns its final future."""
@@ -68,26 +67,19 @@ class Reranker:
         # The beam search itself; may refuse (a full queue): nothing is kept then.
         first = self._engine.submit_prepared(dataclasses.replace(prepared, reverse_language=None), None, on_start)
         job = _Rerank(prepared, Future(), started)
-        with self._lock:
-            self._active[job.outer] = job
-        job.outer.add_done_callback(self._forget)
+        self._in_flight.add(job.outer, job)
         self._run(job, [first], lambda results: self._score(job, results[0]))
         return job.outer
 
     def cancel(self, future: Future) -> bool:
         """Cancels a reranked request (any round); False if `future` is not one."""
-        with self._lock:
-            job = self._active.get(future)
+        job = self._in_flight.get(future)
         if job is None:
             return False
         for running in list(job.running):
             self._engine.cancel(running)
         job.outer.cancel()
         return True
-
-    def _forget(self, future: Future) -> None:
-        with self._lock:
-            self._active.pop(future, None)
 
     def _run(self, job: _Rerank, futures: Sequence[Future], then: Callable[[list[GenerationResult]], None]) -> None:
         """Calls `then` with the results of `futures` once all are done; fails the request if one fails."""
@@ -96,29 +88,7 @@ class Reranker:
             for future in futures:
                 self._engine.cancel(future)
             return
-        remaining = [len(futures)]
-        lock = threading.Lock()
-
-        def done(_future: Future) -> None:
-            with lock:
-                remaining[0] -= 1
-                if remaining[0]:
-                    return
-            if job.outer.done():
-                return
-            failed = next((f for f in futures if f.cancelled() or f.exception() is not None), None)
-            if failed is not None and failed.cancelled():
-                job.outer.cancel()
-            elif failed is not None:
-                _settle(job.outer, error=failed.exception())
-            else:
-                try:
-                    then([f.result() for f in futures])
-                except Exception as exc:  # the request fails, never the worker thread
-                    _settle(job.outer, error=exc)
-
-        for future in futures:
-            future.add_done_callback(done)
+        when_all_done(job.outer, futures, then)
 
     def _score(self, job: _Rerank, beam: GenerationResult) -> None:
         """Round 2: each candidate translated back, forced to produce the original source."""
@@ -167,7 +137,7 @@ class Reranker:
         total = time.perf_counter() - job.started
         timings = dataclasses.replace(beam.timings, total_seconds=total,
                                       decode_seconds=beam.timings.decode_seconds + total - beam.timings.total_seconds)
-        _settle(job.outer, dataclasses.replace(result, timings=timings, nbest=nbest))
+        settle(job.outer, dataclasses.replace(result, timings=timings, nbest=nbest))
 
 
 def _forcing(prepared: PreparedRequest, ids: tuple[int, ...], **changes) -> PreparedRequest:
@@ -175,17 +145,6 @@ def _forcing(prepared: PreparedRequest, ids: tuple[int, ...], **changes) -> Prep
     with `changes` on top."""
     return dataclasses.replace(prepared, forced_ids=ids, max_new_tokens=len(ids), beam_size=1,
                                num_return_sequences=1, reverse_language=None, **changes)
-
-
-def _settle(future: Future, result: GenerationResult | None = None, error: BaseException | None = None) -> None:
-    """Answers the request unless it was cancelled meanwhile (from another thread)."""
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-    except InvalidStateError:
-        pass
 
 
 def _summed_logprob(forced: GenerationResult) -> float:

@@ -196,8 +196,7 @@ class AudioPreprocessor(Preprocessor):
         audio = request.audio
         if audio is None:
             raise ValueError(f"model '{self.manifest.name}' takes audio input; the request has none")
-        samples, rate = self._read(audio)
-        samples = resample(samples, rate, self.spec.features.sample_rate_hz)
+        samples, _ = self.samples(audio)
         features = log_mel(samples, self.spec.features)  # (T, n_mels)
         seconds = len(samples) / self.spec.features.sample_rate_hz
         if len(features) == 0:
@@ -205,6 +204,12 @@ class AudioPreprocessor(Preprocessor):
                 f"audio is {seconds:.3f} s long, shorter than one {self.spec.features.window_ms:g} ms analysis window"
             )
         return AudioSource(features, seconds, -(-len(features) // self.spec.time_reduction))
+
+    def samples(self, audio: AudioInput) -> tuple[np.ndarray, int]:
+        """(N,) float32 mono samples at the model's rate, and that rate, after every limit and check."""
+        samples, rate = self._read(audio)
+        model_rate = self.spec.features.sample_rate_hz
+        return resample(samples, rate, model_rate), model_rate
 
     def _read(self, audio: AudioInput) -> tuple[np.ndarray, int]:
         """(N,) float32 mono samples and their rate, after every limit and sanity check."""

@@ -91,6 +91,9 @@ class DecodingDefaults:
     # Beam search stops a request as soon as it has beam_size finished sequences (transformers'
     # early_stopping=True); False = only once no running beam can beat them (early_stopping=False).
     early_stopping: bool = False
+    # Audio: the playback speeds a beam-searched recording is decoded at, 1.0 among them; the reading whose
+    # best sequence scores highest answers (server/engine/speed_readings.py). (1.0,) = the recording alone.
+    speeds: tuple[float, ...] = (1.0,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,7 +393,7 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         input=input_spec,
         variants=_variants(r),
         language_model=_language_model(r),
-        decoding=_decoding_defaults(r),
+        decoding=_decoding_defaults(r, input_spec),
         source_prefix=_optional_tokens(r, "source_prefix"),
         source_language_prefix=_optional_tokens(r, "source_language_prefix"),
         forced_first_token=_optional_tokens(r, "forced_first_token"),
@@ -422,12 +425,30 @@ def _language_model(r: FieldReader) -> LanguageModelSpec | None:
     return LanguageModelSpec(lm.string("file"), weight)
 
 
-def _decoding_defaults(r: FieldReader) -> DecodingDefaults:
+def _decoding_defaults(r: FieldReader, spec: InputSpec) -> DecodingDefaults:
     if "decoding" not in r.data:
         return DecodingDefaults()
     d = r.obj("decoding")
     return DecodingDefaults(beam_size=d.integer("beam_size", 1, DecodingDefaults.beam_size),
-                            early_stopping=d.get("early_stopping", bool, DecodingDefaults.early_stopping))
+                            early_stopping=d.get("early_stopping", bool, DecodingDefaults.early_stopping),
+                            speeds=_speeds(d, spec))
+
+
+def _speeds(d: FieldReader, spec: InputSpec) -> tuple[float, ...]:
+    if "speeds" not in d.data:
+        return DecodingDefaults.speeds
+    if spec.kind != "audio":
+        d.fail_field("speeds", f"applies to audio input, not {spec.kind}")
+    values = d.get("speeds", list)
+    rate = spec.features.sample_rate_hz
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0.5 <= v <= 2.0 for v in values)
+    if not ok or 1.0 not in values or len(set(values)) != len(values):
+        d.fail_field("speeds", f"must be distinct numbers in [0.5, 2], 1.0 among them, got {values!r}")
+    # A reading is the recording's samples relabelled at rate x speed: that rate must be a whole number.
+    odd = [v for v in values if abs(rate * v - round(rate * v)) > 1e-6]
+    if odd:
+        d.fail_field("speeds", f"must give whole sample rates at {rate} Hz ({rate} x speed); {odd} do not")
+    return tuple(float(v) for v in values)
 
 
 def _limits(r: FieldReader, spec: InputSpec) -> Limits:

@@ -1,0 +1,83 @@
+"""What speed readings cost: the same clips through the served recognizer read once and read at its
+manifest's speeds, alternating in one run, as audio seconds transcribed per second (and WER beside).
+
+    python bench/speed_readings.py --corpus /work/data/speech-sky2 --split dev --clips 120 \\
+        --out bench/results/speed_readings.json
+
+Both engines are the newest speech-en of --models, one with `decoding.speeds` set to [1.0] (a temporary
+copy of its manifest, graphs linked). Each round submits every clip (shortest first, at most 40 in
+flight) to one engine and then the other; rounds alternate which goes first, so a machine that gets
+busier or quieter during the run moves both. The ratio is the readings' throughput over read-once's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+from attnserve.api.generation import AudioInput, DecodingOptions, GenerationRequest
+from attnserve.export.common.serving import open_engine
+from attnserve.export.speech.evaluate import decoding_variant
+from attnserve.export.speech.scoring import error_rate
+from attnserve.server.model.repository import find_models
+
+NAME = "speech-en"
+
+
+def transcribe(engine, wavs: list[bytes]) -> tuple[list[str], float]:
+    """Texts in clip order and the seconds they took, at most 40 requests in flight."""
+    started, texts = time.perf_counter(), []
+    for begin in range(0, len(wavs), 40):
+        futures = [engine.submit(GenerationRequest(NAME, audio=AudioInput(wav=w), decoding=DecodingOptions()))
+                   for w in wavs[begin : begin + 40]]
+        texts += [f.result().text for f in futures]
+    return texts, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
+    parser.add_argument("--corpus", type=pathlib.Path, required=True, help="a speech corpus folder (manifests)")
+    parser.add_argument("--split", default="dev")
+    parser.add_argument("--clips", type=int, default=120, help="the first N clips of the split")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args()
+
+    rows = [json.loads(line) for line in (args.corpus / f"{args.split}.jsonl").read_text().splitlines() if line.strip()]
+    rows = sorted(rows[: args.clips], key=lambda r: r["duration"])
+    wavs, references = [(args.corpus / r["path"]).read_bytes() for r in rows], [r["text"] for r in rows]
+    audio_seconds = sum(r["duration"] for r in rows)
+    newest = find_models(args.models, only=[NAME])[NAME].path
+    with decoding_variant(newest, None, True, speeds=[1.0]) as once_dir:
+        engines = {"read once": open_engine(once_dir), "speed readings": open_engine(newest)}
+        speeds = list(engines["speed readings"].manifest.decoding.speeds)
+        seconds = {name: [] for name in engines}
+        texts = {}
+        try:
+            for round_ in range(args.rounds):
+                order = list(engines) if round_ % 2 == 0 else list(reversed(engines))
+                for name in order:
+                    texts[name], took = transcribe(engines[name], wavs)
+                    seconds[name].append(took)
+        finally:
+            for engine in engines.values():
+                engine.close()
+    report = {
+        "model": str(newest), "speeds": speeds, "split": args.split, "clips": len(rows),
+        "audio_seconds": round(audio_seconds, 1), "rounds": args.rounds,
+        "audio_seconds_per_second": {n: round(audio_seconds / min(s), 2) for n, s in seconds.items()},
+        "wer": {n: round(error_rate(t, references, "word"), 4) for n, t in texts.items()},
+    }
+    rates = report["audio_seconds_per_second"]
+    report["throughput_ratio"] = round(rates["speed readings"] / rates["read once"], 3)
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""Speed readings (server/engine/speed_readings.py): a recording decoded at several playback speeds answers
+with the best-scoring reading, in the recording's own time and attention columns."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+from attnserve.api.generation import (AttentionGranularity, AttentionOptions, AudioInput, DecodingOptions,
+                                      GenerationRequest)
+from attnserve.export.speech.evaluate import decoding_variant
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.registry import load_engine
+from attnserve.server.engine.speed_readings import column_map
+from attnserve.server.inputs.audio import read_wav
+from attnserve.server.model.manifest import parse_manifest
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
+
+REPOSITORY = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
+NAME = "speech-en"
+EXAMPLES = REPOSITORY / NAME / "examples"
+SPEEDS = [1.0, 0.9, 1.1]
+WAIT = 120
+
+
+def spans(count: int, width: float = 0.08) -> tuple[np.ndarray, np.ndarray]:
+    starts = np.arange(count) * width
+    return starts, starts + width
+
+
+def test_the_recording_maps_onto_its_own_columns_one_to_one():
+    np.testing.assert_allclose(column_map(spans(12), spans(12), 1.0), np.eye(12), atol=1e-12)
+
+
+@pytest.mark.parametrize("speed", [0.9, 1.1, 0.5, 2.0])
+def test_a_reading_spreads_each_column_over_the_recording_by_overlapping_time(speed):
+    recording = spans(25)  # 2 s
+    reading = spans(int(np.ceil(25 / speed)))  # the same 2 s played at `speed`
+    moved = column_map(reading, recording, speed)
+    np.testing.assert_allclose(moved.sum(1), 1.0)
+    # A column's weight lands where its time lies: the mass centre moves by the speed.
+    centres = (recording[0] + recording[1]) / 2
+    for j in range(len(reading[0]) - 1):
+        reading_centre = (reading[0][j] + reading[1][j]) / 2
+        assert abs(moved[j] @ centres - reading_centre * speed) < 0.04 + 1e-9
+
+
+def test_a_column_past_the_recordings_end_goes_to_its_last_column():
+    moved = column_map(spans(3), spans(2), 1.0)
+    assert moved[2].tolist() == [0.0, 1.0]
+
+
+def _manifest(speeds, kind="audio") -> dict:
+    manifest = json.loads((REPOSITORY / NAME / "12" / "manifest.json").read_text())
+    manifest["decoding"]["speeds"] = speeds
+    if kind == "text":
+        manifest["input"] = {"kind": "text"}
+    return manifest
+
+
+@pytest.mark.parametrize("speeds, message", [
+    ([0.9, 1.1], "1.0 among them"),
+    ([1.0, 1.0], "distinct"),
+    ([1.0, 3.0], "[0.5, 2]"),
+    ([1.0, 0.66666], "whole sample rates"),
+    ([1.0, True], "distinct numbers"),
+])
+def test_speeds_a_server_cannot_read_are_refused_naming_the_field(speeds, message):
+    if not (REPOSITORY / NAME / "12" / "manifest.json").is_file():
+        pytest.skip("no bundled speech model")
+    with pytest.raises(ValueError, match="decoding.speeds") as raised:
+        parse_manifest(_manifest(speeds), "manifest.json")
+    assert message in str(raised.value)
+
+
+def test_speeds_of_a_model_that_reads_text_are_refused():
+    path = REPOSITORY / "translate-zh-en"
+    manifests = sorted(path.glob("*/manifest.json"))
+    if not manifests:
+        pytest.skip("no bundled translation model")
+    manifest = json.loads(manifests[-1].read_text())
+    manifest.setdefault("decoding", {})["speeds"] = SPEEDS
+    with pytest.raises(ValueError, match="speeds.*applies to audio input"):
+        parse_manifest(manifest, "manifest.json")
+
+
+@pytest.fixture(scope="module")
+def examples() -> list[dict]:
+    if not (EXAMPLES / "examples.json").is_file():
+        pytest.skip(f"no bundled speech model examples at {EXAMPLES}")
+    return json.loads((EXAMPLES / "examples.json").read_text())
+
+
+def _open(model_dir: pathlib.Path):
+    return load_engine(find_models(model_dir.parent.parent)[NAME], RuntimeOptions(),
+                       BatchingOptions(max_batch_size=8, window_ms=100.0))
+
+
+@pytest.fixture(scope="module")
+def engines(examples):
+    """(read once, read at SPEEDS): the bundled recognizer's newest version, two manifests."""
+    newest = find_models(REPOSITORY, only=[NAME])[NAME].path
+    with decoding_variant(newest, None, True, speeds=[1.0]) as once_dir, \
+            decoding_variant(newest, None, True, speeds=SPEEDS) as read_dir:
+        once, read = _open(once_dir), _open(read_dir)
+        yield once, read
+        once.close()
+        read.close()
+
+
+def _samples(example: dict) -> tuple[np.ndarray, int]:
+    wav = read_wav((EXAMPLES / example["file"]).read_bytes())
+    return wav.samples().astype(np.float32), wav.sample_rate_hz
+
+
+def _request(audio: AudioInput, beam_size: int = 8, attention: bool = True, nbest: int = 1) -> GenerationRequest:
+    return GenerationRequest(NAME, audio=audio,
+                             decoding=DecodingOptions(beam_size=beam_size, num_return_sequences=nbest),
+                             attention=AttentionOptions(enabled=attention, granularity=AttentionGranularity.PIECES))
+
+
+def test_the_answer_is_the_best_scoring_reading_each_decoded_alone(engines, examples):
+    once, read = engines
+    chosen = []
+    for example in examples:
+        samples, rate = _samples(example)
+        alone = {s: once.generate(_request(AudioInput(samples=samples, sample_rate_hz=round(rate * s)), nbest=2), WAIT)
+                 for s in SPEEDS}
+        best = max(SPEEDS, key=lambda s: alone[s].nbest[0].score)  # SPEEDS starts with 1.0: it wins ties
+        served = read.generate(_request(AudioInput(samples=samples, sample_rate_hz=rate)), WAIT)
+        assert served.text == alone[best].text
+        assert served.nbest == []  # one sequence asked for; the readings' own n-best stays inside
+        end = example["duration"]
+        np.testing.assert_allclose([(w.start_seconds, w.end_seconds) for w in served.words],
+                                   [(min(w.start_seconds * best, end), min(w.end_seconds * best, end))
+                                    for w in alone[best].words], atol=1e-4)
+        # Attention over the recording's own columns, each row still a distribution.
+        assert served.attention.col_labels == alone[1.0].attention.col_labels
+        assert served.source_tokens == alone[1.0].source_tokens
+        np.testing.assert_allclose(np.sum(served.attention.weights, axis=1), 1.0, atol=1e-5)
+        chosen.append(best)
+    assert set(chosen) != {1.0}, "no clip chose another speed: the test would not see the mapping"
+
+
+def test_a_streamed_answer_equals_the_unary_one(engines, examples):
+    _, read = engines
+    for example in examples:
+        samples, rate = _samples(example)
+        request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
+        unary = read.generate(request, WAIT)
+        streamed = []
+        future = read.submit(request, on_token=streamed.append)
+        result = future.result(WAIT)
+        assert result.text == unary.text == "".join(t.text for t in streamed)
+        assert [t.token for t in streamed] == result.tokens
+        np.testing.assert_allclose([t.attention for t in streamed], result.attention.weights, atol=1e-6)
+
+
+def test_greedy_requests_are_read_once(engines, examples):
+    once, read = engines
+    samples, rate = _samples(examples[0])
+    request = _request(AudioInput(samples=samples, sample_rate_hz=rate), beam_size=1)
+    assert read.generate(request, WAIT).text == once.generate(request, WAIT).text
+
+
+def _spy(engine, monkeypatch) -> list:
+    """Records (reading speed, inner future) of every request the engine queues."""
+    queued, submit = [], engine.submit_prepared
+
+    def spy(prepared, *args, **kwargs):
+        future = submit(prepared, *args, **kwargs)
+        queued.append((prepared.speed, future))
+        return future
+
+    monkeypatch.setattr(engine, "submit_prepared", spy)
+    return queued
+
+
+def test_a_clip_too_long_to_slow_down_is_read_at_the_other_speeds(engines, examples, monkeypatch):
+    once, read = engines
+    queued = _spy(read, monkeypatch)
+    samples, rate = _samples(examples[0])
+    window = read.info.audio.max_seconds
+    # Repeated up to just under the window: the 0.9 reading would pass it.
+    long = np.tile(samples, int(window * rate * 0.97 // len(samples)) + 1)[: int(window * rate * 0.97)]
+    served = read.generate(_request(AudioInput(samples=long, sample_rate_hz=rate), attention=False), WAIT)
+    alone = {s: once.generate(_request(AudioInput(samples=long, sample_rate_hz=round(rate * s)), attention=False,
+                                       nbest=2), WAIT) for s in (1.0, 1.1)}
+    assert served.text == max(alone.values(), key=lambda r: r.nbest[0].score).text
+    assert sorted(speed for speed, _ in queued if speed is not None) == [1.0, 1.1]  # 0.9 would last 21.6 s
+
+
+def test_cancelling_cancels_every_reading(engines, examples, monkeypatch):
+    _, read = engines
+    queued = _spy(read, monkeypatch)
+    samples, rate = _samples(examples[0])
+    futures = [read.submit(_request(AudioInput(samples=samples, sample_rate_hz=rate))) for _ in range(6)]
+    for future in futures:
+        read.cancel(future)
+    assert all(f.cancelled() for f in futures)
+    readings = [f for speed, f in queued if speed is not None]
+    assert len(readings) == 6 * len(SPEEDS)
+    for inner in readings:  # each stopped (or, started before the cancel, ended) without an answer used
+        with pytest.raises(Exception):
+            inner.result(WAIT)
+    # Nothing of theirs is left behind: a fresh request is answered at once.
+    assert read.generate(_request(AudioInput(samples=samples, sample_rate_hz=rate)), WAIT).text
+    assert read.queued() == 0
+
+
+def test_an_engine_in_a_child_process_reads_as_in_process(engines, examples):
+    """--engine-process: the child prepares and submits the request; its readings answer the same."""
+    from attnserve.server.edge import app
+
+    _, read = engines
+    samples, rate = _samples(examples[1])
+    request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
+    newest = find_models(REPOSITORY, only=[NAME])[NAME].path
+    with decoding_variant(newest, None, True, speeds=SPEEDS) as read_dir:
+        options = app.ServeOptions(models=str(read_dir.parent.parent), only_models=(NAME,), engine_process=True)
+        served, _ = app.load_models(options)
+        try:
+            child = served[NAME].generate(request, WAIT)
+        finally:
+            for engine in served.values():
+                engine.close()
+    alone = read.generate(request, WAIT)
+    assert (child.text, child.words, child.attention.weights) == (alone.text, alone.words, alone.attention.weights)
