@@ -223,6 +223,9 @@ def _add_transcribe(commands) -> None:
                             "detected by models that detect it, such as imported Whisper checkpoints)")
     transcribe.add_argument("--from", dest="source", default="",
                             help="the spoken language, for models that translate speech (Whisper: --from de --to en)")
+    transcribe.add_argument("--read-once", action="store_true",
+                            help="decode the recording once, at its own speed, where the model reads it at several "
+                                 "(`attnserve models` lists its speeds): about a third of the compute")
     transcribe.add_argument("--progress", action="store_true",
                             help="show the progress bar of a long recording even when stderr is not a terminal")
     transcribe.add_argument(
@@ -397,7 +400,8 @@ def _transcribe(args: argparse.Namespace) -> None:
         model = args.model or _first_audio_model(client)
         request = audio_request(data, model=model, attention=args.attention is not None, granularity="words",
                                 beam_size=args.beam_size, to=args.to)
-        request = dataclasses.replace(request, source_language=args.source)
+        request = dataclasses.replace(request, source_language=args.source,
+                                      decoding=dataclasses.replace(request.decoding, read_once=args.read_once))
         # The stream shows a long recording's progress, segment by segment.
         show = args.progress or sys.stderr.isatty()
         result = transcription.transcribe(client, request, sys.stderr if show else None)
@@ -631,9 +635,11 @@ def _input_line(info: ModelInfo) -> str:
         # A server that cuts long recordings at pauses says how long they may be.
         long_form = (f" (longer, cut at pauses: up to {a.long_form_max_seconds:g} s and {a.long_form_max_bytes} "
                      "bytes)") if a.long_form_max_seconds else ""
+        speeds = len(a.speeds) > 1  # beam search reads each recording at these speeds (--read-once: at 1.0)
+        readings = f"; read at speeds {', '.join(f'{s:g}' for s in a.speeds)}" if speeds else ""
         return (
             f"audio ({files} or samples, resampled to {a.sample_rate_hz} Hz), at most {a.max_seconds:g} s and "
-            f"{a.max_bytes} bytes{long_form}; {a.seconds_per_column:g} s per attention column"
+            f"{a.max_bytes} bytes{long_form}; {a.seconds_per_column:g} s per attention column{readings}"
         )
     if info.image is not None:
         i = info.image

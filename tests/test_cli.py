@@ -12,13 +12,14 @@ import sys
 import urllib.request
 
 import grpc
+import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.clients import cli
 from attnserve.clients.client import Client
 from attnserve.api.generation import SamplingOptions, resolved_beam_size
-from fakes import WAIT
+from fakes import WAIT, wav_bytes
 
 MODEL = "fake-translate"  # the fake_server's model
 
@@ -209,7 +210,8 @@ def other_languages():
     from attnserve.server.edge import app
     from attnserve.api.generation import AudioInputInfo, InputKind
 
-    speech = AudioInputInfo(sample_rate_hz=16000, max_seconds=30.0, max_bytes=1048576, seconds_per_column=0.04)
+    speech = AudioInputInfo(sample_rate_hz=16000, max_seconds=30.0, max_bytes=1048576, seconds_per_column=0.04,
+                            speeds=(1.0, 0.9, 1.1))
     engines = [
         _fake("ja-en", ["ja", "en"], ["ja", "en"]),
         _fake("en-fr", ["en"], ["fr"]),
@@ -253,10 +255,19 @@ def test_models_shows_each_input_kind_and_its_limits(capsys, other_languages):
     speech = lines[lines.index(next(line for line in lines if line.startswith("speech "))) :][:5]
     assert speech[1] == (
         "  input: audio (WAV or samples, resampled to 16000 Hz), at most 30 s and 1048576 bytes; "
-        "0.04 s per attention column"
+        "0.04 s per attention column; read at speeds 1, 0.9, 1.1"
     )
     assert speech[3] == "  limits: 750 attention columns, 8 new tokens"
     assert "  input: text" in lines
+
+
+@pytest.mark.parametrize("flags, read_once", [((), False), (("--read-once",), True)])
+def test_transcribe_asks_for_one_reading_with_read_once(capsys, other_languages, tmp_path, flags, read_once):
+    address, engines = other_languages
+    clip = tmp_path / "clip.wav"
+    clip.write_bytes(wav_bytes(np.zeros(1600, dtype=np.float32), 16000))
+    status, _, _ = run(capsys, "transcribe", str(clip), "--model", "speech", "--address", address, *flags)
+    assert status == 0 and engines["speech"].requests[-1].decoding.read_once is read_once
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ with the best-scoring reading, in the recording's own time and attention columns
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -10,6 +11,7 @@ import pathlib
 import numpy as np
 import pytest
 
+from attnserve.api import convert
 from attnserve.api.generation import (AttentionGranularity, AttentionOptions, AudioInput, DecodingOptions,
                                       GenerationRequest)
 from attnserve.export.speech.evaluate import decoding_variant
@@ -231,3 +233,23 @@ def test_an_engine_in_a_child_process_reads_as_in_process(engines, examples):
                 engine.close()
     alone = read.generate(request, WAIT)
     assert (child.text, child.words, child.attention.weights) == (alone.text, alone.words, alone.attention.weights)
+
+
+def test_a_request_that_asks_to_be_read_once_is_the_recording_alone(engines, examples, monkeypatch):
+    once, read = engines
+    queued = _spy(read, monkeypatch)
+    samples, rate = _samples(examples[2])
+    request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
+    alone = once.generate(request, WAIT)
+    asked = dataclasses.replace(request, decoding=dataclasses.replace(request.decoding, read_once=True))
+    served = read.generate(asked, WAIT)
+    assert (served.text, served.words, served.attention.weights) == (alone.text, alone.words, alone.attention.weights)
+    assert [speed for speed, _ in queued] == [None]  # the request itself, no reading
+
+
+def test_get_model_states_the_speeds_and_the_wire_keeps_them_and_read_once(engines):
+    once, read = engines
+    assert read.info.audio.speeds == tuple(SPEEDS) and once.info.audio.speeds == (1.0,)
+    assert convert.model_info_from_proto(convert.model_info_to_proto(read.info)) == read.info
+    request = GenerationRequest(NAME, audio=AudioInput(wav=b"RIFF"), decoding=DecodingOptions(read_once=True))
+    assert convert.request_from_proto(convert.request_to_proto(request)).decoding.read_once

@@ -12,8 +12,9 @@ resamples as it resamples any input: 1 s of the recording lasts 1/s s in the rea
 the recording as given: word times are multiplied by s, and attention columns (each a time span of the
 reading) are spread over the recording's columns by how much of their time each overlaps.
 
-Greedy and sampled requests decode once (no score to compare), and so do readings longer than the model's
-window (a clip near the limit is not slowed down). Follow-up readings are part of an accepted request, so
+Greedy and sampled requests decode once (no score to compare), as do requests that ask to be read once
+(`DecodingOptions.read_once`: a third of the compute) and readings longer than the model's window (a clip
+near the limit is not slowed down). Follow-up readings are part of an accepted request, so
 a full queue never refuses them; cancelling the request cancels every reading.
 """
 
@@ -96,7 +97,8 @@ class SpeedReadings:
     def applies(self, prepared: PreparedRequest) -> bool:
         """Whether `prepared` (the recording as given) is read at more than one speed."""
         return (len(self._speeds) > 1 and prepared.speed is None and prepared.request.audio is not None
-                and prepared.beam_size > 1 and prepared.sampling is None and prepared.forced_ids is None)
+                and not prepared.request.decoding.read_once and prepared.beam_size > 1
+                and prepared.sampling is None and prepared.forced_ids is None)
 
     def submit(self, prepared: PreparedRequest, on_token: Callable[[StreamedToken], None] | None,
                on_start: Callable[[], None] | None) -> Future[GenerationResult]:

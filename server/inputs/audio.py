@@ -298,7 +298,8 @@ class AudioPreprocessor(Preprocessor):
         spec = self.spec
         rate = spec.features.sample_rate_hz
         longest = frame_count(math.floor(spec.max_seconds * rate), spec.features)
-        audio = AudioInputInfo(rate, spec.max_seconds, spec.max_bytes, spec.seconds_per_column)
+        audio = AudioInputInfo(rate, spec.max_seconds, spec.max_bytes, spec.seconds_per_column,
+                               speeds=self.manifest.decoding.speeds)
         return dataclasses.replace(
             info, input_kind=self.kind, max_source_tokens=-(-longest // spec.time_reduction), audio=audio
         )

@@ -140,6 +140,7 @@ def _decoding_from_proto(msg: pb.DecodingOptions) -> gen.DecodingOptions:
         reverse_weight=msg.reverse_weight,
         glossary=tuple(sorted(msg.glossary.items())),
         use_default_glossary=msg.use_default_glossary,
+        read_once=msg.read_once,
     )
 
 
@@ -157,6 +158,7 @@ def _decoding_to_proto(options: gen.DecodingOptions) -> pb.DecodingOptions:
         reverse_weight=options.reverse_weight,
         glossary=dict(options.glossary),
         use_default_glossary=options.use_default_glossary,
+        read_once=options.read_once,
     )
 
 
@@ -433,7 +435,7 @@ def model_info_from_proto(msg: pb.ModelInfo) -> gen.ModelInfo:
 
 
 def _audio_info_from_proto(msg: pb.AudioInputInfo) -> gen.AudioInputInfo:
-    return dataclasses.replace(_fields(gen.AudioInputInfo, msg), formats=tuple(msg.formats))
+    return dataclasses.replace(_fields(gen.AudioInputInfo, msg), formats=tuple(msg.formats), speeds=tuple(msg.speeds))
 
 
 def _fields(cls, msg):

@@ -53,6 +53,9 @@ class DecodingOptions:
     # use_default_glossary: also the model's default glossary, these pairs winning where both name a term.
     glossary: tuple[tuple[str, str], ...] = ()
     use_default_glossary: bool = False
+    # Audio: decode the recording once, at its own speed, even where the model reads it at several
+    # (AudioInputInfo.speeds): less compute, the accuracy of one reading.
+    read_once: bool = False
 
 
 # Greedy search whatever the model's default search is: what a comparison with another greedy decoder needs.
@@ -329,6 +332,9 @@ class AudioInputInfo:
     long_form_max_bytes: int = 0
     # Audio file formats AudioInput data may be in, e.g. ("wav", "flac", "ogg", "mp3"); () = WAV only.
     formats: tuple[str, ...] = ()
+    # Playback speeds a beam-searched recording is decoded at, the best-scoring reading answering
+    # (server/engine/speed_readings.py); (1.0,) or () (an older server) = once.
+    speeds: tuple[float, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
