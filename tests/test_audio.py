@@ -236,5 +236,6 @@ def test_describe_states_the_kind_and_limits(pre):
         "sample_rate_hz": 16000, "max_seconds": 2.0, "max_bytes": 400_000, "seconds_per_column": pytest.approx(0.04),
         # Long-form limits and other formats are the server's (server/engine/longform.py), not the preprocessor's.
         "long_form_max_seconds": 0.0, "long_form_max_bytes": 0, "formats": (),
+        "speeds": (1.0,),  # the manifest's decoding.speeds: none named, the recording alone
     }
     assert info.max_source_tokens == math.ceil(198 / 4)  # 2 s: 198 frames
