@@ -197,6 +197,18 @@ def test_a_clip_too_long_to_slow_down_is_read_at_the_other_speeds(engines, examp
     assert sorted(speed for speed, _ in queued if speed is not None) == [1.0, 1.1]  # 0.9 would last 21.6 s
 
 
+def test_a_clip_too_short_to_speed_up_is_read_at_the_other_speeds(engines, monkeypatch):
+    once, read = engines
+    queued = _spy(read, monkeypatch)
+    # 26 ms: one 25 ms analysis window; played 1.1x as fast it would hold none.
+    tone = (0.3 * np.sin(np.arange(416) * 0.2)).astype(np.float32)
+    served = read.generate(_request(AudioInput(samples=tone, sample_rate_hz=16000), attention=False), WAIT)
+    assert sorted(speed for speed, _ in queued if speed is not None) == [0.9, 1.0]
+    alone = {s: once.generate(_request(AudioInput(samples=tone, sample_rate_hz=round(16000 * s)), attention=False,
+                                       nbest=2), WAIT) for s in (1.0, 0.9)}
+    assert served.text == max(alone.values(), key=lambda r: r.nbest[0].score).text
+
+
 def test_cancelling_cancels_every_reading(engines, examples, monkeypatch):
     _, read = engines
     queued = _spy(read, monkeypatch)

@@ -14,7 +14,7 @@ reading) are spread over the recording's columns by how much of their time each 
 
 Greedy and sampled requests decode once (no score to compare), as do requests that ask to be read once
 (`DecodingOptions.read_once`: a third of the compute) and readings longer than the model's window (a clip
-near the limit is not slowed down). Follow-up readings are part of an accepted request, so
+near the limit is not slowed down, nor a clip of a few milliseconds sped up). Follow-up readings are part of an accepted request, so
 a full queue never refuses them; cancelling the request cancels every reading.
 """
 
@@ -33,7 +33,6 @@ from attnserve.api.generation import (
     AttentionMatrix,
     AudioInput,
     GenerationResult,
-    InputTooLargeError,
     StreamedToken,
     WordTiming,
 )
@@ -110,7 +109,7 @@ class SpeedReadings:
             audio = AudioInput(samples=samples, sample_rate_hz=round(rate * speed))
             try:
                 other = self._engine.prepare(dataclasses.replace(prepared.request, audio=audio))
-            except InputTooLargeError:  # slowed past the window (or past its byte size): not read
+            except ValueError:  # slowed past the window, or sped below one analysis window: not read
                 continue
             readings.append(_Reading(speed, _scored(other, speed)))
         job = _Job(readings, on_token, Future(), started)
