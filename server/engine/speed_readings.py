@@ -13,9 +13,9 @@ the recording as given: word times are multiplied by s, and attention columns (e
 reading) are spread over the recording's columns by how much of their time each overlaps.
 
 Greedy and sampled requests decode once (no score to compare), as do requests that ask to be read once
-(`DecodingOptions.read_once`: a third of the compute) and readings longer than the model's window (a clip
-near the limit is not slowed down, nor a clip of a few milliseconds sped up). Follow-up readings are part of an accepted request, so
-a full queue never refuses them; cancelling the request cancels every reading.
+(`DecodingOptions.read_once`: a third of the compute). A reading the preprocessor refuses is skipped: a clip
+near the window is not slowed down, nor a clip of a few milliseconds sped up. Follow-up readings are part of
+an accepted request, so a full queue never refuses them; cancelling the request cancels every reading.
 """
 
 from __future__ import annotations
@@ -94,10 +94,10 @@ class SpeedReadings:
         self._in_flight = InFlight()
 
     def applies(self, prepared: PreparedRequest) -> bool:
-        """Whether `prepared` (the recording as given) is read at more than one speed."""
-        return (len(self._speeds) > 1 and prepared.speed is None and prepared.request.audio is not None
-                and not prepared.request.decoding.read_once and prepared.beam_size > 1
-                and prepared.sampling is None and prepared.forced_ids is None)
+        """Whether `prepared` (the recording as given) is read at more than one speed. Only audio models'
+        manifests may name speeds, and their requests all carry audio."""
+        return (len(self._speeds) > 1 and prepared.speed is None and not prepared.request.decoding.read_once
+                and prepared.beam_size > 1 and prepared.sampling is None and prepared.forced_ids is None)
 
     def submit(self, prepared: PreparedRequest, on_token: Callable[[StreamedToken], None] | None,
                on_start: Callable[[], None] | None) -> Future[GenerationResult]:
