@@ -1,14 +1,15 @@
 """Renders a transcript's words on a time axis: where in the audio the model listened for each word.
 
-One line per word: its time span, the word, and a strip of shade characters across the clip, darker where
+One line per word: its time span, its confidence (when the server gives one: the calibrated chance that the
+word is right), the word, and a strip of shade characters across the clip, darker where
 the word's attention (its characters' mean, `--attention` at word granularity) was higher. Attention
 columns are merged to fit the terminal, each cell showing its strongest column. Above the strips, a time
 ruler in seconds. Shades are scaled per word, so a quiet word's peak is as visible as a loud one's.
 
 Example (`attnserve transcribe clip.wav --attention`):
 
-    0.00-0.40  the     ▓█░
-    0.40-0.88  cat        ░▓█▒
+    0.00-0.40   91%  the     ▓█░
+    0.40-0.88   38%  cat        ░▓█▒
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def render(words: Sequence[WordTiming], attention: AttentionMatrix | None, width
         return "(no words)"
     width = width or shutil.get_terminal_size().columns
     word_width = min(_MAX_WORD, max(len(w.word) for w in words))
-    spans = [f"{w.start_seconds:5.2f}-{w.end_seconds:5.2f}  {_fit(w.word, word_width)}" for w in words]
+    sure = any(w.confidence is not None for w in words)
+    spans = [f"{w.start_seconds:5.2f}-{w.end_seconds:5.2f}  {_percent(w.confidence) if sure else ''}"
+             f"{_fit(w.word, word_width)}" for w in words]
     if attention is None or len(attention.weights) != len(words) or not attention.col_labels:
         return "\n".join(spans)
     prefix = len(spans[0]) + 2
@@ -47,6 +50,11 @@ def render(words: Sequence[WordTiming], attention: AttentionMatrix | None, width
         strip = "".join(SHADES[min(len(SHADES) - 1, round(v / peak * (len(SHADES) - 1)))] for v in merged)
         lines.append(f"{span}  {strip.rstrip()}")
     return "\n".join(lines)
+
+
+def _percent(confidence: float | None) -> str:
+    """A word's confidence as a fixed-width column ("  7%  ", " 91%  "; blank where the word has none)."""
+    return " " * 6 if confidence is None else f"{round(confidence * 100):3d}%  "
 
 
 def _cells(columns: int, room: int) -> tuple[int, int]:

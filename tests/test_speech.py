@@ -316,7 +316,8 @@ def test_transcribe_attention_shows_every_word_with_its_span_and_strip(served, t
     rows = lines[3:]
     assert len(rows) == len(result.words) > 0
     for row, word in zip(rows, result.words):
-        assert row.startswith(f"{word.start_seconds:5.2f}-{word.end_seconds:5.2f}  {word.word[:13]}")
+        sure = f"{round(word.confidence * 100):3d}%  "  # the served words carry their confidence
+        assert row.startswith(f"{word.start_seconds:5.2f}-{word.end_seconds:5.2f}  {sure}{word.word[:13]}")
         assert any(shade in row for shade in timeline.SHADES[1:])
 
 

@@ -141,6 +141,9 @@ def test_the_answer_is_the_best_scoring_reading_each_decoded_alone(engines, exam
         np.testing.assert_allclose([(w.start_seconds, w.end_seconds) for w in served.words],
                                    [(min(w.start_seconds * best, end), min(w.end_seconds * best, end))
                                     for w in alone[best].words], atol=1e-4)
+        # The winning reading's own confidences: times move, how sure the model was does not.
+        np.testing.assert_allclose([w.confidence for w in served.words], [w.confidence for w in alone[best].words],
+                                   atol=1e-4)
         # Attention over the recording's own columns, each row still a distribution.
         assert served.attention.col_labels == alone[1.0].attention.col_labels
         assert served.source_tokens == alone[1.0].source_tokens

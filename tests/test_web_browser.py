@@ -141,6 +141,7 @@ def test_upload_a_clip_and_hover_its_words(page, demo, tmp_path):
     expected = client.generate(audio_request(clip, model=TINY_SPEECH_NAME, attention=True, granularity="words"))
     assert page.inner_text("#output").split() == [w.word for w in expected.words]
     assert page.is_visible("#timeline") and all(page.is_hidden(part) for part in ("#text-input", "#source", "#picture"))
+    assert confidence_marks(page, "#output span") == expected_marks(expected.words)
 
     last = len(expected.words) - 1
     page.hover(f'#output span[data-row="{last}"]')
@@ -154,6 +155,16 @@ def test_upload_a_clip_and_hover_its_words(page, demo, tmp_path):
     width = (word.end_seconds - word.start_seconds) / duration * 100
     assert float(mark[1].rstrip("%")) == pytest.approx(width, abs=1e-2)
     page.screenshot(path=str(tmp_path / "transcribe.png"), full_page=True)
+
+
+def confidence_marks(page, selector: str) -> list[list]:
+    """Each word's hover text and whether it is underlined as unsure."""
+    return page.eval_on_selector_all(selector, "s => s.map(e => [e.title, e.classList.contains('unsure')])")
+
+
+def expected_marks(words) -> list[list]:
+    assert words and all(w.confidence is not None for w in words)
+    return [[f"{int(w.confidence * 100 + 0.5)}% sure", w.confidence < 0.5] for w in words]
 
 
 def shading(page) -> list[float]:
@@ -285,6 +296,7 @@ def test_upload_a_long_recording_and_download_its_subtitles(page, demo, tmp_path
     assert len(expected.segments) == 4
     items = page.locator("#segments li").all_inner_texts()
     assert [item.split("  ", 1)[1] if "  " in item else "" for item in items] == [s.text for s in expected.segments]
+    assert confidence_marks(page, "#segments li span") == expected_marks(expected.words)
     assert page.is_visible("#download-srt") and page.is_visible("#download-vtt")
     assert page.get_attribute("#download-srt", "download") == "long.srt"
     with page.expect_download() as download:

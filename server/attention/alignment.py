@@ -84,12 +84,13 @@ def token_starts(weights: np.ndarray, median_width: int, seconds_per_column: flo
 
 
 def word_timings(weights: np.ndarray, words: Words, special: Sequence[bool], median_width: int,
-                 seconds_per_column: float) -> list[WordTiming]:
+                 seconds_per_column: float, confidences: Sequence[float] | None = None) -> list[WordTiming]:
     """Each word's span from the DTW token times.
 
     Args:
         weights: (R, K, C) see token_starts; row r is output token r of `words`' grouping.
         words: the tokens grouped into words; special: (R,) which tokens are special (never timed words).
+        confidences: one per word of `words` (server/decoding/word_confidence.py), or None.
     """
     if not len(weights) or weights.shape[-1] == 0:
         return []
@@ -101,7 +102,8 @@ def word_timings(weights: np.ndarray, words: Words, special: Sequence[bool], med
         if all(special[first:after]):
             continue
         stop = float(starts[after]) if after < len(starts) else end
-        out.append(WordTiming(label, float(starts[first]), max(stop, float(starts[first]) + seconds_per_column)))
+        out.append(WordTiming(label, float(starts[first]), max(stop, float(starts[first]) + seconds_per_column),
+                              None if confidences is None else confidences[w]))
     return out
 
 

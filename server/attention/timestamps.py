@@ -48,7 +48,8 @@ def monotonic_path(attention: np.ndarray) -> np.ndarray:
 
 
 def word_timings(
-    attention: np.ndarray, pieces: Sequence[str], words: Words, column_starts: np.ndarray, column_ends: np.ndarray
+    attention: np.ndarray, pieces: Sequence[str], words: Words, column_starts: np.ndarray, column_ends: np.ndarray,
+    confidences: Sequence[float] | None = None,
 ) -> list[WordTiming]:
     """Each word's text and time span.
 
@@ -56,6 +57,7 @@ def word_timings(
         attention: (R, C) attention of the R output pieces (characters) over the C columns of one clip.
         pieces: the R output pieces; words: their grouping into words (tokenization.Tokenizer.words).
         column_starts, column_ends: (C,) seconds each column covers.
+        confidences: one per word of `words` (server/decoding/word_confidence.py), or None.
 
     Returns:
         One timing per word that holds anything but spaces, in order; start < end, both within the clip.
@@ -65,9 +67,9 @@ def word_timings(
     path = monotonic_path(attention)
     ends = [*words.starts[1:], len(pieces)]
     timings = []
-    for label, first, last in zip(words.labels, words.starts, ends):
+    for w, (label, first, last) in enumerate(zip(words.labels, words.starts, ends)):
         rows = [r for r in range(first, last) if pieces[r].strip(METASPACE)]  # the word's characters
         if rows:
             start, end = float(column_starts[path[rows[0]]]), float(column_ends[path[rows[-1]]])
-            timings.append(WordTiming(label, start, end))
+            timings.append(WordTiming(label, start, end, None if confidences is None else confidences[w]))
     return timings

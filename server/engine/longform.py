@@ -56,7 +56,6 @@ from attnserve.api.generation import (
     Timings,
     TranscriptSegment,
     UnavailableError,
-    WordTiming,
 )
 
 log = logging.getLogger(__name__)
@@ -405,7 +404,8 @@ class _Transcription:
 
     def _segment(self, index: int, result: GenerationResult) -> TranscriptSegment:
         start, end = self._spans[index].seconds(self._recording.rate)
-        words = [WordTiming(w.word, w.start_seconds + start, w.end_seconds + start) for w in result.words]
+        words = [dataclasses.replace(w, start_seconds=w.start_seconds + start, end_seconds=w.end_seconds + start)
+                 for w in result.words]
         return TranscriptSegment(index, len(self._spans), start, end, result.text, words, result.finish_reason)
 
     def _finish(self) -> None:

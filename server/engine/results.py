@@ -38,6 +38,7 @@ from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.decoding.prompt import detected_language
 from attnserve.server.inputs.preprocessing import Preprocessor
 from attnserve.server.decoding.search import Hypothesis, StepEvents
+from attnserve.server.decoding.word_confidence import word_confidences
 from attnserve.server.model.tokenization import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -150,15 +151,19 @@ class ResultBuilder:
     def _timed_words(self, prepared: PreparedRequest, hyp: Hypothesis, ids: list[int], pieces: list[str]):
         """Word timestamps: by DTW over the manifest's alignment heads (Whisper's), else from the timestamp
         layer's head mean."""
-        spec = self.manifest.word_timestamps
+        spec, scale = self.manifest.word_timestamps, self.manifest.decoding.word_confidence_scale
         if spec is None:
             rows = combine_heads(hyp.attention, prepared.timestamp_layer)  # (R, S): mean of every head
-            return self.preprocessor.word_timings(prepared.source, rows, pieces, self.tokenizer.words(ids))
+            words = self.tokenizer.words(ids)
+            return self.preprocessor.word_timings(prepared.source, rows, pieces, words,
+                                                  word_confidences(words, pieces, hyp.logprobs, scale))
         prompt = prepared.forced_start.prompt_length if prepared.forced_start else 0
         rows = alignment_rows(hyp.attention, hyp.eos_attention, spec.alignment_heads, prompt)  # (R, K, S)
-        timed = ids[prompt : prompt + len(rows)]
-        return self.preprocessor.aligned_word_timings(prepared.source, rows, self.tokenizer.words(timed),
-                                                      self.tokenizer.is_special(timed), spec.median_filter_width)
+        timed = slice(prompt, prompt + len(rows))
+        words = self.tokenizer.words(ids[timed])
+        return self.preprocessor.aligned_word_timings(
+            prepared.source, rows, words, self.tokenizer.is_special(ids[timed]), spec.median_filter_width,
+            word_confidences(words, pieces[timed], hyp.logprobs[timed], scale))
 
     def _attention(self, prepared: PreparedRequest, hyp: Hypothesis, ids: list[int], pieces: list[str],
                    source_tokens: list[Token]):

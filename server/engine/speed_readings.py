@@ -34,7 +34,6 @@ from attnserve.api.generation import (
     AudioInput,
     GenerationResult,
     StreamedToken,
-    WordTiming,
 )
 from attnserve.server.attention.explanation import explain
 from attnserve.server.decoding.prepared import PreparedRequest
@@ -159,8 +158,8 @@ class SpeedReadings:
         spans = preprocessor.column_spans(len(job.readings[0].prepared.source.features))
         moved = column_map(preprocessor.column_spans(len(reading.prepared.source.features)), spans, speed)
         end = job.readings[0].prepared.source.seconds
-        words = [WordTiming(w.word, min(w.start_seconds * speed, end), min(w.end_seconds * speed, end))
-                 for w in winner.words]
+        words = [dataclasses.replace(w, start_seconds=min(w.start_seconds * speed, end),
+                                     end_seconds=min(w.end_seconds * speed, end)) for w in winner.words]
         attention = winner.attention
         if attention is not None:
             weights = np.asarray(attention.weights, dtype=np.float64).reshape(-1, moved.shape[0]) @ moved

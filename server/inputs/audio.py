@@ -283,16 +283,18 @@ class AudioPreprocessor(Preprocessor):
         rate = self.spec.max_tokens_per_second
         return None if rate is None else math.ceil(rate * source.seconds) + 1
 
-    def word_timings(self, source: AudioSource, attention: np.ndarray, pieces: Sequence[str], words: Words) -> list[WordTiming]:
-        return word_timings(attention, pieces, words, *self.column_spans(len(source.features)))
+    def word_timings(self, source: AudioSource, attention: np.ndarray, pieces: Sequence[str], words: Words,
+                     confidences: Sequence[float] | None = None) -> list[WordTiming]:
+        return word_timings(attention, pieces, words, *self.column_spans(len(source.features)), confidences)
 
     def aligned_word_timings(self, source: AudioSource, rows: np.ndarray, words: Words, special: Sequence[bool],
-                             median_width: int) -> list[WordTiming]:
+                             median_width: int, confidences: Sequence[float] | None = None) -> list[WordTiming]:
         # Only the frames of the audio itself (a fixed window's padding cut off), as transformers' num_frames.
         features = self.spec.features
         samples = round(source.seconds * features.sample_rate_hz)
         columns = min(-(-samples // features.hop_length) // self.spec.time_reduction, rows.shape[-1])
-        return alignment.word_timings(rows[..., :columns], words, special, median_width, self.spec.seconds_per_column)
+        return alignment.word_timings(rows[..., :columns], words, special, median_width, self.spec.seconds_per_column,
+                                      confidences)
 
     def describe(self, info: ModelInfo) -> ModelInfo:
         spec = self.spec

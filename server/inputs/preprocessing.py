@@ -124,16 +124,18 @@ class Preprocessor(abc.ABC):
         """The most output tokens this input can plausibly need (audio: by its duration); None = no bound."""
         return None
 
-    def word_timings(self, source: Source, attention: np.ndarray, pieces: Sequence[str], words: Words) -> list[WordTiming]:
+    def word_timings(self, source: Source, attention: np.ndarray, pieces: Sequence[str], words: Words,
+                     confidences: Sequence[float] | None = None) -> list[WordTiming]:
         """Each output word's span of the input, for kinds that have time (audio); by default none.
 
         Args:
             attention: (R, S) the output pieces' attention over the source's S columns.
+            confidences: one per word of `words`, carried into the timings.
         """
         return []
 
     def aligned_word_timings(self, source: Source, rows: np.ndarray, words: Words, special: Sequence[bool],
-                             median_width: int) -> list[WordTiming]:
+                             median_width: int, confidences: Sequence[float] | None = None) -> list[WordTiming]:
         """Word timestamps by DTW over alignment heads (manifest word_timestamps; audio only); by default none.
 
         Args:

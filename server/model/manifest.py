@@ -94,6 +94,9 @@ class DecodingDefaults:
     # Audio: the playback speeds a beam-searched recording is decoded at, 1.0 among them; the reading whose
     # best sequence scores highest answers (server/engine/speed_readings.py). (1.0,) = the recording alone.
     speeds: tuple[float, ...] = (1.0,)
+    # Word confidences are exp(this x the mean log-score of a word's pieces), fitted so that they read as the
+    # chance the word is right (server/decoding/word_confidence.py); 1.0 = the geometric mean probability.
+    word_confidence_scale: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,7 +434,9 @@ def _decoding_defaults(r: FieldReader, spec: InputSpec) -> DecodingDefaults:
     d = r.obj("decoding")
     return DecodingDefaults(beam_size=d.integer("beam_size", 1, DecodingDefaults.beam_size),
                             early_stopping=d.get("early_stopping", bool, DecodingDefaults.early_stopping),
-                            speeds=_speeds(d, spec))
+                            speeds=_speeds(d, spec),
+                            word_confidence_scale=d.number("word_confidence_scale", positive=True,
+                                                           default=DecodingDefaults.word_confidence_scale))
 
 
 def _speeds(d: FieldReader, spec: InputSpec) -> tuple[float, ...]:

@@ -15,6 +15,7 @@ export function show(result, image) {
   const kind = result.columns ? result.columns.kind : "none";
   const rows = attention ? attention.row_labels : result.tokens.map((t) => t.piece);
   $("output").replaceChildren(...rows.map((label, i) => word(label, { row: i })));
+  if (result.words.length === rows.length) markConfidence([...$("output").children], result.words);
   for (const id of ["source", "columns", "cells", "time-axis", "matrix"]) $(id).replaceChildren();
   $("source").hidden = $("source-heading").hidden = kind !== "text";
   $("timeline").hidden = $("time-axis").hidden = kind !== "time";
@@ -98,6 +99,19 @@ export function onKey(event) {
 
 export function pinned() {
   return view ? view.pinned : null;
+}
+
+// Words the model gives less than even odds of being right (WordTiming.confidence, calibrated per model)
+// are underlined; every word with a confidence says it on hover.
+export const UNSURE = 0.5;
+
+export function markConfidence(elements, words) {
+  elements.forEach((element, i) => {
+    const confidence = words[i].confidence;
+    if (confidence === null || confidence === undefined) return;
+    element.title = `${Math.round(confidence * 100)}% sure`;
+    element.classList.toggle("unsure", confidence < UNSURE);
+  });
 }
 
 function word(label, data) {

@@ -1,5 +1,7 @@
 // A long recording transcribed on the page: segments appear as the server finishes them, then the
 // subtitle files can be downloaded. The gateway answers newline-delimited JSON (clients/web/captions.py).
+// Words the model is unsure of are underlined, as in the attention view.
+import { markConfidence } from "./attention.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -27,7 +29,10 @@ function showSegment(segment) {
   const list = $("segments");
   const item = document.createElement("li");
   item.dataset.index = segment.index;
-  item.textContent = `${clock(segment.start_seconds)}–${clock(segment.end_seconds)}  ${segment.text}`;
+  const words = segment.words.map((w) => Object.assign(document.createElement("span"), { textContent: w.word }));
+  markConfidence(words, segment.words);
+  item.append(`${clock(segment.start_seconds)}–${clock(segment.end_seconds)} `, ...words.flatMap((w) => [" ", w]));
+  if (!words.length) item.append(` ${segment.text}`);
   // Segments finish in any order: keep the list in time order.
   const later = [...list.children].find((other) => Number(other.dataset.index) > segment.index);
   list.insertBefore(item, later || null);

@@ -203,7 +203,7 @@ def result_to_proto(result: gen.GenerationResult) -> pb.GenerateResponse:
         finish_reason=_FINISH_REASONS[result.finish_reason],
         attention=None if result.attention is None else attention_to_proto(result.attention),
         timings=pb.Timings(**dataclasses.asdict(timings)),  # the message mirrors the dataclass field by field
-        words=[pb.WordTiming(**dataclasses.asdict(w)) for w in result.words],
+        words=[word_to_proto(w) for w in result.words],
         nbest=[_scored_to_proto(s) for s in result.nbest],
         segments=[segment_to_proto(s) for s in result.segments],
         glossary=[pb.GlossaryPlacement(**dataclasses.asdict(g)) for g in result.glossary],
@@ -230,13 +230,23 @@ def result_from_proto(msg: pb.GenerateResponse) -> gen.GenerationResult:
         finish_reason=finish,
         attention=attention_from_proto(msg.attention) if msg.HasField("attention") else None,
         timings=gen.Timings(**{f.name: getattr(timings, f.name) for f in dataclasses.fields(gen.Timings)}),
-        words=[gen.WordTiming(w.word, w.start_seconds, w.end_seconds) for w in msg.words],
+        words=[word_from_proto(w) for w in msg.words],
         nbest=[_scored_from_proto(s) for s in msg.nbest],
         segments=[segment_from_proto(s) for s in msg.segments],
         glossary=[_fields(gen.GlossaryPlacement, g) for g in msg.glossary],
         frames=[gen.FrameAttention(f.word, list(f.timeline), list(f.frame_seconds), f.peak_frame, list(f.heatmap))
                 for f in msg.frames],
     )
+
+
+def word_to_proto(word: gen.WordTiming) -> pb.WordTiming:
+    return pb.WordTiming(word=word.word, start_seconds=word.start_seconds, end_seconds=word.end_seconds,
+                         confidence=word.confidence)
+
+
+def word_from_proto(msg: pb.WordTiming) -> gen.WordTiming:
+    return gen.WordTiming(msg.word, msg.start_seconds, msg.end_seconds,
+                          msg.confidence if msg.HasField("confidence") else None)
 
 
 def segment_to_proto(segment: gen.TranscriptSegment) -> pb.TranscriptSegment:
@@ -246,7 +256,7 @@ def segment_to_proto(segment: gen.TranscriptSegment) -> pb.TranscriptSegment:
         start_seconds=segment.start_seconds,
         end_seconds=segment.end_seconds,
         text=segment.text,
-        words=[pb.WordTiming(**dataclasses.asdict(w)) for w in segment.words],
+        words=[word_to_proto(w) for w in segment.words],
         finish_reason=_FINISH_REASONS[segment.finish_reason],
     )
 
@@ -256,7 +266,7 @@ def segment_from_proto(msg: pb.TranscriptSegment) -> gen.TranscriptSegment:
     finish = {wire: reason for reason, wire in _FINISH_REASONS.items()}.get(msg.finish_reason)
     if finish is None:
         raise ValueError(f"unknown finish reason {msg.finish_reason}")
-    words = [gen.WordTiming(w.word, w.start_seconds, w.end_seconds) for w in msg.words]
+    words = [word_from_proto(w) for w in msg.words]
     return gen.TranscriptSegment(msg.index, msg.count, msg.start_seconds, msg.end_seconds, msg.text, words, finish)
 
 

@@ -229,6 +229,10 @@ class WordTiming:
     word: str
     start_seconds: float
     end_seconds: float
+    # How sure the search was of the word, in (0, 1]: exp(scale x the mean log-score of its pieces and of
+    # the word boundary after it), the scale set per model so that it reads as the chance the word is right
+    # (server/decoding/word_confidence.py). None when the server did not say.
+    confidence: float | None = None
 
 
 class FinishReason(enum.Enum):
