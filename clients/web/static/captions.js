@@ -29,16 +29,31 @@ function showSegment(segment) {
   const list = $("segments");
   const item = document.createElement("li");
   item.dataset.index = segment.index;
-  const words = segment.words.map((w) => Object.assign(document.createElement("span"), { textContent: w.word }));
-  markConfidence(words, segment.words);
-  item.append(`${clock(segment.start_seconds)}–${clock(segment.end_seconds)} `, ...words.flatMap((w) => [" ", w]));
-  if (!words.length) item.append(` ${segment.text}`);
+  item.append(`${clock(segment.start_seconds)}–${clock(segment.end_seconds)}  `, ...withWords(segment));
   // Segments finish in any order: keep the list in time order.
   const later = [...list.children].find((other) => Number(other.dataset.index) > segment.index);
   list.insertBefore(item, later || null);
   $("long-progress").max = segment.count;
   $("long-progress").value = list.children.length;
   $("long-status").textContent = `${list.children.length} of ${segment.count} segments transcribed`;
+}
+
+// The segment's text as it was written, each of its words a span marked with its confidence.
+function withWords(segment) {
+  const parts = [];
+  const spans = [];
+  let at = 0;
+  for (const word of segment.words) {
+    const found = segment.text.indexOf(word.word, at);
+    if (found < 0) return [segment.text]; // words that do not spell the text: the text alone
+    if (found > at) parts.push(segment.text.slice(at, found));
+    spans.push(Object.assign(document.createElement("span"), { textContent: word.word }));
+    parts.push(spans.at(-1));
+    at = found + word.word.length;
+  }
+  if (at < segment.text.length) parts.push(segment.text.slice(at));
+  markConfidence(spans, segment.words);
+  return parts;
 }
 
 function offer(id, text, type) {
