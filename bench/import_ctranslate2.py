@@ -38,6 +38,7 @@ from import_setup import import_and_convert
 
 from attnserve.clients.client import AsyncClient
 from attnserve.api.generation import GREEDY, DecodingOptions, GenerationRequest
+from attnserve.export.common.reports import emit
 
 NAME = "opus-mt-zh-en-random"
 
@@ -161,10 +162,7 @@ def main() -> None:
         report[f"speed_ratio_{label}"] = report[label]["tokens_per_s"] / theirs["tokens_per_s"]
     report["speed_ratio_in_process"] = report["attnserve_in_process"]["tokens_per_s"] / theirs["tokens_per_s"]
     report["sizes_mb"] = {p.name: p.stat().st_size / 2**20 for p in sorted((repo / NAME / "1").iterdir())}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

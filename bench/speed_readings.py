@@ -22,6 +22,7 @@ from attnserve.export.common.serving import open_engine
 from attnserve.export.speech.evaluate import decoding_variant
 from attnserve.export.speech.scoring import error_rate
 from attnserve.server.model.repository import find_models
+from attnserve.export.common.reports import emit
 
 NAME = "speech-en"
 
@@ -73,10 +74,7 @@ def main() -> None:
     }
     rates = report["audio_seconds_per_second"]
     report["throughput_ratio"] = round(rates["speed readings"] / rates["read once"], 3)
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Ratios are the first model's figure over each other's, per repeat, then the medi
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import statistics
 import time
@@ -34,6 +33,7 @@ from attnserve.server.engine.registry import load_engine
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
 from attnserve.server.decoding.search import GreedySearch
+from attnserve.export.common.reports import emit
 
 # Output positions whose step time is reported (each bucket's median over the steps in it).
 POSITION_BUCKETS = [(0, 16), (16, 64), (64, 128), (128, 256)]
@@ -122,10 +122,7 @@ def main() -> None:
             key: statistics.median(r[first][key] / r[other][key] for r in runs)
             for key in ("batch_1_tokens_per_s", "batch_32_tokens_per_s")
         }
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    emit(report, args.out)
 
 
 def median_of(runs: list[dict], name: str) -> dict:

@@ -226,6 +226,12 @@ def _add_transcribe(commands) -> None:
     transcribe.add_argument("--read-once", action="store_true",
                             help="decode the recording once, at its own speed, where the model reads it at several "
                                  "(`attnserve models` lists its speeds): about a third of the compute")
+    transcribe.add_argument("--hotwords", nargs="+", default=(), metavar="WORD",
+                            help="names and terms the recording holds, which the search then favours (at most 100 "
+                                 "words, written as the model writes: speech-en in lower case)")
+    transcribe.add_argument("--hotword-boost", type=float, default=0.0, metavar="B",
+                            help="the bonus per letter of a hotword (default 0: the server's, 0.25; higher writes "
+                                 "hotwords that were not said)")
     transcribe.add_argument("--progress", action="store_true",
                             help="show the progress bar of a long recording even when stderr is not a terminal")
     transcribe.add_argument(
@@ -399,7 +405,8 @@ def _transcribe(args: argparse.Namespace) -> None:
     with _connect(args) as client:
         model = args.model or _first_audio_model(client)
         request = audio_request(data, model=model, attention=args.attention is not None, granularity="words",
-                                beam_size=args.beam_size, to=args.to)
+                                beam_size=args.beam_size, to=args.to, hotwords=args.hotwords,
+                                hotword_boost=args.hotword_boost)
         request = dataclasses.replace(request, source_language=args.source,
                                       decoding=dataclasses.replace(request.decoding, read_once=args.read_once))
         # The stream shows a long recording's progress, segment by segment.

@@ -139,13 +139,16 @@ def _given(**options) -> dict:
     return {name: value for name, value in options.items() if value is not None}
 
 
-def audio_request(audio: bytes | np.ndarray, sample_rate_hz: int = 0, *, model: str, **options) -> GenerationRequest:
+def audio_request(audio: bytes | np.ndarray, sample_rate_hz: int = 0, *, model: str, hotwords: Sequence[str] = (),
+                  hotword_boost: float = 0.0, **options) -> GenerationRequest:
     """Builds a request for an audio model (speech recognition or translation).
 
     Args:
         audio: a WAV file's bytes, or (N,) mono float samples in [-1, 1].
         sample_rate_hz: the rate of raw samples (required with them); 0 for a WAV file.
         model: served model name (see `list_models`: its `input_kind` is audio, its limits are in `audio`).
+        hotwords: names and terms the recording holds, which the search favours (DecodingOptions.hotwords);
+            hotword_boost: their bonus per letter, 0 = the server's default.
         options: `translation_request`'s options (to, attention, granularity, layer, max_new_tokens, ...).
     """
     if isinstance(audio, (bytes, bytearray)):
@@ -154,7 +157,9 @@ def audio_request(audio: bytes | np.ndarray, sample_rate_hz: int = 0, *, model: 
         import numpy as np  # raw samples: an array or a list of floats, which needs numpy here
 
         data = AudioInput(samples=np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate_hz=sample_rate_hz)
-    return dataclasses.replace(translation_request("", model=model, **options), audio=data)
+    request = translation_request("", model=model, **options)
+    decoding = dataclasses.replace(request.decoding, hotwords=tuple(hotwords), hotword_boost=hotword_boost)
+    return dataclasses.replace(request, audio=data, decoding=decoding)
 
 
 def image_request(image: bytes, *, model: str, **options) -> GenerationRequest:

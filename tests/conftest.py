@@ -192,3 +192,22 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def bundled_speech():
+    """The bundled speech recognizer's newest version (models/speech-en, or $ATTNSERVE_BUNDLED_MODELS), in
+    process, with batches of up to 8; skips where it or its example clips are absent."""
+    import os
+
+    from attnserve.server.engine.batcher import BatchingOptions
+    from attnserve.server.engine.registry import load_engine
+    from attnserve.server.model.repository import find_models
+
+    repository = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
+    if not (repository / "speech-en" / "examples" / "examples.json").is_file():
+        pytest.skip(f"no bundled speech model examples at {repository / 'speech-en' / 'examples'}")
+    engine = load_engine(find_models(repository, only=["speech-en"])["speech-en"],
+                         batching=BatchingOptions(max_batch_size=8))
+    yield engine
+    engine.close()

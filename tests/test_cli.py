@@ -270,6 +270,16 @@ def test_transcribe_asks_for_one_reading_with_read_once(capsys, other_languages,
     assert status == 0 and engines["speech"].requests[-1].decoding.read_once is read_once
 
 
+def test_transcribe_sends_its_hotwords_and_their_boost(capsys, other_languages, tmp_path):
+    address, engines = other_languages
+    clip = tmp_path / "clip.wav"
+    clip.write_bytes(wav_bytes(np.zeros(1600, dtype=np.float32), 16000))
+    status, _, _ = run(capsys, "transcribe", str(clip), "--model", "speech", "--address", address,
+                       "--hotwords", "ungawa", "joe king", "--hotword-boost", "1.5")
+    decoding = engines["speech"].requests[-1].decoding
+    assert status == 0 and decoding.hotwords == ("ungawa", "joe king") and decoding.hotword_boost == 1.5
+
+
 @pytest.mark.parametrize(
     "sources,targets,text,target",
     [

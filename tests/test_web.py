@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import numpy as np
@@ -88,6 +89,20 @@ def test_audio_gets_words_and_time_columns(demo):
     spans = body["columns"]["spans"]
     assert len(spans) == len(expected.attention.col_labels) and spans[0] == [0.0, 0.04]
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_audio_takes_the_pages_hotwords(demo):
+    url, client = demo
+    plain = client.generate(audio_request(clip(), model=TINY_SPEECH_NAME))
+    hotwords = [w.word for w in plain.words][:2]  # words the tiny model writes
+    query = urllib.parse.urlencode({"model": TINY_SPEECH_NAME, "hotwords": " ".join(hotwords)})
+    status, body = call(f"{url}/api/generate?{query}", clip(), "audio/wav")
+    expected = client.generate(audio_request(clip(), model=TINY_SPEECH_NAME, attention=True, granularity="words",
+                                             hotwords=hotwords))
+    assert status == 200 and body["text"] == expected.text
+    assert [t["logprob"] for t in body["tokens"]] == pytest.approx([t.logprob for t in expected.tokens], abs=1e-5)
+    status, body = call(f"{url}/api/generate?model={TINY_SPEECH_NAME}&hotwords=%E2%98%83", clip(), "audio/wav")
+    assert status == 400 and body["error"]["code"] == "INVALID_ARGUMENT" and "never writes" in body["error"]["message"]
 
 
 @pytest.mark.parametrize(

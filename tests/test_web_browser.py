@@ -157,6 +157,24 @@ def test_upload_a_clip_and_hover_its_words(page, demo, tmp_path):
     page.screenshot(path=str(tmp_path / "transcribe.png"), full_page=True)
 
 
+def test_the_hotwords_field_goes_with_the_clip(page, demo, tmp_path):
+    url, client = demo
+    t = np.arange(16000) / 16000
+    clip = wav_bytes(0.3 * np.sin(2 * np.pi * (200 + 900 * t) * t), 16000, "pcm16")
+    (tmp_path / "clip.wav").write_bytes(clip)
+    plain = client.generate(audio_request(clip, model=TINY_SPEECH_NAME, attention=True, granularity="words"))
+    hotwords = [w.word for w in plain.words][:2]
+    open_page(page, url, TINY_SPEECH_NAME)
+    page.fill("#hotwords", " ".join(hotwords))
+    page.set_input_files("#audio-file", str(tmp_path / "clip.wav"))
+    page.wait_for_selector("#output span")
+    expected = client.generate(audio_request(clip, model=TINY_SPEECH_NAME, attention=True, granularity="words",
+                                             hotwords=hotwords))
+    assert page.inner_text("#output").split() == [w.word for w in expected.words]
+    assert confidence_marks(page, "#output span") == expected_marks(expected.words)
+    assert expected_marks(expected.words) != expected_marks(plain.words)  # the page sent the hotwords
+
+
 def confidence_marks(page, selector: str) -> list[list]:
     """Each word's hover text and whether it is underlined as unsure."""
     return page.eval_on_selector_all(selector, "s => s.map(e => [e.title, e.classList.contains('unsure')])")

@@ -16,10 +16,7 @@ from attnserve.api.generation import AudioInput, DecodingOptions, GenerationRequ
 from attnserve.clients import timeline
 from attnserve.export.speech.confidence import at_scales, auc, calibration, right_words
 from attnserve.server.decoding.word_confidence import word_confidences
-from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.engine.registry import load_engine
 from attnserve.server.model.manifest import parse_manifest
-from attnserve.server.model.repository import find_models
 from attnserve.server.model.tokenization import Words
 
 REPOSITORY = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
@@ -81,23 +78,15 @@ def test_the_confidence_survives_the_wire_and_its_absence_too():
         assert convert.word_from_proto(convert.word_to_proto(word)) == word
 
 
-@pytest.fixture(scope="module")
-def engine():
-    if not (EXAMPLES / "examples.json").is_file():
-        pytest.skip(f"no bundled speech model examples at {EXAMPLES}")
-    loaded = load_engine(find_models(REPOSITORY, only=[NAME])[NAME], batching=BatchingOptions(max_batch_size=8))
-    yield loaded
-    loaded.close()
-
-
-def test_every_served_word_carries_the_confidence_of_its_own_tokens(engine):
+def test_every_served_word_carries_the_confidence_of_its_own_tokens(bundled_speech):
     """Served (speed readings, joint CTC, beam search) == recomputed from the answer's tokens."""
-    scale = engine.manifest.decoding.word_confidence_scale
+    scale = bundled_speech.manifest.decoding.word_confidence_scale
     assert scale != 1.0  # the bundled model is calibrated, so the scale is applied, not skipped
     examples = json.loads((EXAMPLES / "examples.json").read_text())
     for example in examples:
-        result = engine.generate(GenerationRequest(NAME, audio=AudioInput(wav=(EXAMPLES / example["file"]).read_bytes()),
-                                                   decoding=DecodingOptions(beam_size=8)), WAIT)
+        audio = AudioInput(wav=(EXAMPLES / example["file"]).read_bytes())
+        request = GenerationRequest(NAME, audio=audio, decoding=DecodingOptions(beam_size=8))
+        result = bundled_speech.generate(request, WAIT)
         pieces, logprobs = [t.piece for t in result.tokens], [t.logprob for t in result.tokens]
         starts = [i for i, p in enumerate(pieces) if i == 0 or (p.startswith("▁") and pieces[i - 1] != "▁")]
         words = Words(tuple(starts), tuple(w.word for w in result.words))
@@ -107,7 +96,8 @@ def test_every_served_word_carries_the_confidence_of_its_own_tokens(engine):
 
 
 def test_right_words_follow_the_minimum_edit_alignment():
-    assert right_words("the cat sad on mat".split(), "the cat sat on the mat".split()) == [True, True, False, True, True]
+    right = right_words("the cat sad on mat".split(), "the cat sat on the mat".split())
+    assert right == [True, True, False, True, True]
     assert right_words([], "a b".split()) == [] and right_words("a b".split(), []) == [False, False]
 
 
@@ -125,7 +115,8 @@ def test_calibration_reads_how_far_confidences_are_from_the_share_right():
     assert report["ece"] == 0.0  # 95% right at 0.95, 15% right at 0.15
     assert [(b["from"], b["words"], b["right"]) for b in report["bands"]] == [(0.0, 20, 0.15), (0.9, 20, 0.95)]
     rescaled = at_scales(confidence, right, served_scale=1.0)["2.0"]  # 0.95 -> 0.9025, 0.15 -> 0.0225
-    assert rescaled["ece"] == pytest.approx(0.5 * (0.95 - 0.9025) + 0.5 * (0.15 - 0.0225), abs=1e-3)  # reported to 3 places
+    # Reported to 3 places.
+    assert rescaled["ece"] == pytest.approx(0.5 * (0.95 - 0.9025) + 0.5 * (0.15 - 0.0225), abs=1e-3)
     assert rescaled["auc"] == report["auc"]
 
 

@@ -1,7 +1,8 @@
 """The gateway's long-recording route: a transcription streamed to the page segment by segment, then its
 subtitles.
 
-    POST /api/transcribe?model=M[&beam_size=B]    body: the audio file (any format the server reads: ModelInfo.audio.formats)
+    POST /api/transcribe?model=M[&beam_size=B][&hotwords=W1+W2]
+        body: the audio file (any format the server reads: ModelInfo.audio.formats)
 
 answers newline-delimited JSON (application/x-ndjson), one object a line, as the server sends them:
 `{"segment": {...}}` for each transcribed segment of a recording longer than the model's window (in the
@@ -32,7 +33,9 @@ async def transcribe(client_key: web.AppKey, request: web.Request) -> web.Stream
         beam_size = int(request.query.get("beam_size", "0"))  # 0 = the model's default search
     except ValueError:
         raise web.HTTPBadRequest(reason="invalid argument", text="beam_size must be a whole number") from None
-    call = request.app[client_key].stream(audio_request(await request.read(), model=model, beam_size=beam_size))
+    hotwords = request.query.get("hotwords", "").split()  # DecodingOptions.hotwords; the server checks them
+    call = request.app[client_key].stream(audio_request(await request.read(), model=model, beam_size=beam_size,
+                                                        hotwords=hotwords))
     response = None
     try:
         async for event in call:

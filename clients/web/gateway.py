@@ -8,7 +8,7 @@ Routes:
     GET  /                      the page (static/index.html; its scripts and styles under /static/)
     /v1/...                     the HTTP/JSON API, the whole gRPC service (http_api.py, docs/http-api.md)
     GET  /api/models            every served model, as ModelInfo JSON (the page's own shape, payload.py)
-    POST /api/transcribe?model=M  body: an audio file of any length the server accepts; answers its segments
+    POST /api/transcribe?model=M[&hotwords=W1+W2]  body: an audio file of any length the server accepts; answers its segments
                                 as they are transcribed, then the result with its SRT and WebVTT subtitles,
                                 as newline-delimited JSON (clients/web/captions.py)
     POST /api/generate?model=M&to=LANG[&layer=L&heads=H,H]
@@ -17,7 +17,8 @@ Routes:
                                 answers the result as JSON (clients/web/payload.py), attention at word level;
                                 without `to`, the server chooses (the language the text is not written
                                 in); `layer` and `heads` (comma-separated) choose the attention shown,
-                                as in AttentionOptions; `glossary=1` enforces the model's default glossary
+                                as in AttentionOptions; `glossary=1` enforces the model's default glossary;
+                                `hotwords` (words separated by spaces) go with audio (DecodingOptions.hotwords)
 
 Errors are {"error": {"code": "INVALID_ARGUMENT", "message": "..."}} with a matching HTTP status
 (errors.py). CORS, bearer tokens and HTTPS are the gateway's own HttpOptions (access.py, http_options.py).
@@ -123,6 +124,9 @@ async def _generate(request: web.Request) -> web.Response:
         except (json.JSONDecodeError, AttributeError):
             return _error("INVALID_ARGUMENT", 'the body must be JSON like {"text": "..."}')
         generation_request = translation_request(str(text), **options)
+    elif kind == "audio":  # the page's hotwords field (DecodingOptions.hotwords; the server checks them)
+        generation_request = audio_request(await request.read(), hotwords=request.query.get("hotwords", "").split(),
+                                           **options)
     elif kind in _MEDIA:
         generation_request = _MEDIA[kind](await request.read(), **options)
     else:

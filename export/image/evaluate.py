@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import collections
 import io
-import json
 import pathlib
 
 import numpy as np
@@ -23,6 +22,7 @@ import numpy as np
 from attnserve.export.image import scoring
 from attnserve.export.image.build import load_split
 from attnserve.export.image.scenes import Scene
+from attnserve.export.common.reports import emit
 
 
 def png(pixels: np.ndarray) -> bytes:
@@ -103,10 +103,7 @@ def main() -> None:
                                                              for s in args.splits}}
     finally:
         engine.close()
-    text = json.dumps(scores, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    emit(scores, args.out)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import pathlib
 import numpy as np
 
 from attnserve.export.common.serving import open_engine
+from attnserve.export.common.reports import emit
 
 BANDS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 SCALES = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)
@@ -66,7 +67,8 @@ def calibration(confidence, right) -> dict:
     for lo, hi in zip(BANDS[:-1], BANDS[1:]):
         inside = (confidence >= lo) & ((confidence < hi) | (hi == 1.0))
         if inside.any():
-            bands.append({"from": lo, "to": hi, "words": int(inside.sum()), "right": round(float(right[inside].mean()), 3)})
+            bands.append({"from": lo, "to": hi, "words": int(inside.sum()),
+                          "right": round(float(right[inside].mean()), 3)})
     return {"words": len(right), "right": round(float(right.mean()), 3) if len(right) else None,
             "auc": round(auc(confidence, right), 3), "ece": round(ece, 3), "bands": bands}
 
@@ -111,10 +113,7 @@ def main() -> None:
     finally:
         engine.close()
     report["pooled_at_scales"] = at_scales(*pooled, scale)
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import numpy as np
 
 from attnserve.export.common.serving import open_engine
 from attnserve.export.speech.scoring import error_rate
+from attnserve.export.common.reports import emit
 
 ESPEAK = "espeak-ng"
 
@@ -88,8 +89,12 @@ def noisy(wav: bytes, snr_db: float, seed: int):
 
 
 def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, attention: bool,
-               noise_snr_db: float | None = None) -> list:
-    """Served results in row order; clips are submitted shortest first so batches pad little."""
+               noise_snr_db: float | None = None, decoding=None) -> list:
+    """Served results in row order; clips are submitted shortest first so batches pad little.
+
+    Args:
+        decoding: None, or (DecodingOptions, row) -> the options to send that row with (e.g. its hotwords).
+    """
     from attnserve.api.generation import (AttentionGranularity, AttentionOptions, AudioInput, DecodingOptions,
                                              GenerationRequest)
 
@@ -98,6 +103,7 @@ def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, a
         return AudioInput(wav=wav) if noise_snr_db is None else noisy(wav, noise_snr_db, seed=i)
 
     options = AttentionOptions(enabled=attention, granularity=AttentionGranularity.WORDS)
+    options_for = decoding or (lambda search, row: search)
     order = sorted(range(len(rows)), key=lambda i: rows[i]["duration"])
     results = [None] * len(rows)
     per_chunk = 128 // len(engine.manifest.decoding.speeds)  # stay under the batcher's queue bound: each
@@ -106,7 +112,7 @@ def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, a
         futures = [
             engine.submit(GenerationRequest(
                 engine.manifest.name, audio=audio(i),
-                decoding=DecodingOptions(beam_size=beam_size), attention=options,
+                decoding=options_for(DecodingOptions(beam_size=beam_size), rows[i]), attention=options,
             ))
             for i in chunk
         ]
@@ -220,10 +226,7 @@ def main() -> None:
                                  for s in args.splits}}
         finally:
             engine.close()
-    text = json.dumps(scores, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    emit(scores, args.out)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import numpy as np
 from attnserve.export.common.serving import open_engine
 from attnserve.export.speech import evaluate, manifest
 from attnserve.export.speech.scoring import error_rate
+from attnserve.export.common.reports import emit
 
 SPLITS = ("test_real_heldout", "test_microphone", "test_heldout_voices", "test_seen")
 _NOT_WORD = re.compile(r"[^a-z' ]")
@@ -162,10 +163,7 @@ def main() -> None:
             entry["pocketsphinx"] = sphinx_split(corpus, split)
             print(split, "pocketsphinx", f"CER {entry['pocketsphinx']['cer']:.3f} WER {entry['pocketsphinx']['wer']:.3f}",
                   flush=True)
-    text = json.dumps(scores, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    emit(scores, args.out, indent=1)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ for zh-TW targets), plus example translations.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import time
 
@@ -17,6 +16,7 @@ import torch
 from attnserve.export.translation import bpe, train
 from attnserve.export.translation.architectures import load_checkpoint
 from attnserve.export.translation.train import read_pairs
+from attnserve.export.common.reports import emit
 
 # Corpus families by domain, in the order reports list them: everyday sentences, dictionary entries (CC-CEDICT
 # headwords and their glosses), story text (a game's dialogue and descriptions), and every other family,
@@ -191,10 +191,7 @@ def main() -> None:
     served = (args.served_models, args.served_name) if args.served_models else None
     report = evaluate(args.checkpoint, args.split, args.limit, args.examples, served, args.served_beam_size,
                       args.served_variant)
-    text = json.dumps(report, indent=2, ensure_ascii=False)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    emit(report, args.out, ensure_ascii=False)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import pathlib
 
 import numpy as np
 
 from attnserve.export.video import clips, scoring
 from attnserve.export.video.render import FrameRenderer, clip_file
+from attnserve.export.common.reports import emit
 
 
 def draw_split(split: str, count: int, seed: int = 1) -> tuple[list[clips.Clip], FrameRenderer]:
@@ -137,10 +137,7 @@ def main() -> None:
             s: evaluate(engine, s, args.count, args.container, args.size, args.fps) for s in args.splits}}
     finally:
         engine.close()
-    text = json.dumps(scores, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    emit(scores, args.out)
 
 
 if __name__ == "__main__":

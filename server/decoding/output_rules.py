@@ -8,11 +8,13 @@
   at the first step after the forced ones, the begin-suppressed tokens get -inf.
 - **Repetition guard** (`no_repeat_ngram_size` n): a token that would complete an n-gram the row has
   already generated gets -inf (n = 1 forbids every token already used).
+- **Hotwords** (`hotwords`, server/decoding/hotwords.py): a token that continues one of the request's
+  words gains boost x the letters of it that it leaves written; the break after a whole one, its length.
 
 A forbidden token gets -inf in place, so the log-probabilities a strategy reports are those of the
 distribution that remains (as for the manifest's suppressed tokens). If the rules would leave a row no
 token at all, that row's step is left as the model gave it. Requests without rules cost nothing: no
-per-row tokens are kept unless some request of the batch has a repetition guard.
+per-row tokens are kept unless some request of the batch has a repetition guard or hotwords.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class OutputRules:
         self.eos = eos
         self._min_new = np.array([r.min_new_tokens for r in requests], dtype=np.int64)  # (N,)
         self._ngram = np.array([r.no_repeat_ngram_size for r in requests], dtype=np.int64)  # (N,)
-        self._tracks_tokens = bool((self._ngram > 0).any())
+        self._hotwords = [r.hotwords for r in requests]  # per request: a HotwordBias or None
+        self._tracks_tokens = bool((self._ngram > 0).any()) or any(self._hotwords)
         starts = [r.forced_start or ForcedStart() for r in requests]
         self._forced = [np.array(f.tokens, dtype=np.int64) for f in starts]  # per request, DETECT = choose
         self._detect_from = [np.array(f.detect_from, dtype=np.int64) for f in starts]
@@ -59,6 +62,10 @@ class OutputRules:
         """
         if self._any_start and step <= self._forced_length.max():
             self._force_start(logits, row_request, step)
+        if self._tracks_tokens:
+            for row, request in enumerate(row_request):
+                if self._hotwords[request] is not None:
+                    logits[row] += self._hotwords[request].deltas(self._row_tokens[row])
         short = np.flatnonzero(step < self._min_new[row_request])
         guarded = np.flatnonzero(self._ngram[row_request] > 0) if self._tracks_tokens else short[:0]
         if not len(short) and not len(guarded):

@@ -10,6 +10,7 @@ import dataclasses
 
 from attnserve.api.generation import AttentionReduction, GenerationRequest, SamplingOptions
 from attnserve.server.inputs.preprocessing import Source
+from attnserve.server.decoding.hotwords import HotwordBias
 from attnserve.server.decoding.prompt import ForcedStart
 
 
@@ -56,6 +57,8 @@ class PreparedRequest:
     # Audio read at several speeds (server/engine/speed_readings.py): this reading's playback speed. None =
     # the request as given, not yet read.
     speed: float | None = None
+    # Words the search is biased towards (DecodingOptions.hotwords): a hotwords.HotwordBias; None = none.
+    hotwords: HotwordBias | None = None
 
     @property
     def keeps_attention(self) -> bool:

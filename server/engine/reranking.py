@@ -99,7 +99,8 @@ class Reranker:
         backward = [
             _forcing(prepared, source_ids, source=TextSource(tuple(t.id for t in c.tokens) + (eos,)),
                      target_language=prepared.reverse_language, start_id=start, attention_layer=None,
-                     timestamp_layer=None, min_new_tokens=0, no_repeat_ngram_size=0, sampling=None)
+                     timestamp_layer=None, min_new_tokens=0, no_repeat_ngram_size=0, sampling=None,
+                     hotwords=None)
             for c in candidates
         ]
         futures = [self._engine.submit_prepared(p, None, None, admitted=True) for p in backward]

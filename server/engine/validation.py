@@ -14,8 +14,10 @@ import dataclasses
 import math
 import secrets
 
-from attnserve.api.generation import DecodingOptions, GenerationRequest, SamplingOptions, resolved_beam_size
+from attnserve.api.generation import (DEFAULT_HOTWORD_BOOST, DecodingOptions, GenerationRequest, SamplingOptions,
+                                      resolved_beam_size)
 from attnserve.server.decoding.glossary import Glossary
+from attnserve.server.decoding.hotwords import HotwordBias, Vocabulary, hotword_bias
 from attnserve.api.language_detection import target_for
 from attnserve.server.model.manifest import Manifest
 from attnserve.server.decoding.prepared import PreparedRequest
@@ -33,11 +35,15 @@ class RequestValidator:
         max_beam_size: widest beam this server accepts (every beam is a batch row).
         max_attention_values: most attention weights one response may carry; 0 = no limit.
         glossary: turns the request's glossary terms into constraints (server/decoding/glossary.py); None = none.
+        vocabulary: the output pieces hotwords are matched against (server/decoding/hotwords.py); None = the
+            model takes no hotwords (its tokenizer has no word markers).
     """
 
     def __init__(self, manifest: Manifest, preprocessor: Preprocessor, max_beam_size: int,
-                 max_attention_values: int = 0, glossary: Glossary | None = None):
+                 max_attention_values: int = 0, glossary: Glossary | None = None,
+                 vocabulary: Vocabulary | None = None):
         self.manifest = manifest
+        self.vocabulary = vocabulary
         self.glossary = glossary
         self.preprocessor = preprocessor
         self.max_beam_size = max_beam_size
@@ -75,6 +81,7 @@ class RequestValidator:
         heads = self._attention_heads(request) if request.attention.enabled else ()
         if request.text:
             check_text(request.text)
+        hotwords = self._hotwords(request.decoding) if request.decoding.hotwords else None
         timestamp_layer = self.manifest.attention.default_layer % self.manifest.attention.layers
         timestamp_layer = timestamp_layer if self.preprocessor.times_words else None
         # Last: decoding the input is the costly check (tokenizing, WAV decoding, features).
@@ -105,7 +112,15 @@ class RequestValidator:
             attention_reduction=request.attention.reduction,
             reverse_language=reverse,
             constraints=constraints,
+            hotwords=hotwords,
         )
+
+    def _hotwords(self, options: DecodingOptions) -> HotwordBias:
+        if self.vocabulary is None:
+            raise ValueError(f"hotwords need a tokenizer with word markers (metaspace); model '{self.manifest.name}' "
+                             f"uses {self.manifest.tokenizer.word_boundary}")
+        boost = options.hotword_boost or DEFAULT_HOTWORD_BOOST
+        return hotword_bias(options.hotwords, boost, self.vocabulary, self.manifest.name)
 
     def _reverse_language(self, target: str) -> str:
         """The language a reranked request's source is in: the one other language the model translates into

@@ -172,6 +172,12 @@ function duration(player) {
   });
 }
 
+// The hotwords typed for the recording, as the gateway's query parameter (none when the field is empty).
+function hotwordsQuery() {
+  const words = $("hotwords").value.trim();
+  return words ? { hotwords: words } : {};
+}
+
 // A clip within the model's window shows its attention; a longer one (a lecture into the microphone)
 // goes the long-recording way, segment by segment, when the server cuts long recordings.
 async function sendAudio(blob, name = "recording.wav") {
@@ -181,10 +187,10 @@ async function sendAudio(blob, name = "recording.wav") {
   if (audio.long_form_max_seconds && (await duration($("player"))) > audio.max_seconds) {
     $("result").hidden = true;
     $("error").hidden = true;
-    transcribeLong($("model").value, new File([blob], name, { type: blob.type || "audio/wav" }), report);
+    transcribeLong($("model").value, new File([blob], name, { type: blob.type || "audio/wav" }), report, hotwordsQuery());
     return;
   }
-  run({ model: $("model").value }, blob, "audio/wav");
+  run({ model: $("model").value, ...hotwordsQuery() }, blob, "audio/wav");
 }
 
 async function toggleRecording() {
@@ -295,7 +301,7 @@ async function start() {
     const file = $("long-file").files[0];
     if (file) {
       $("error").hidden = true;
-      transcribeLong($("model").value, file, report);
+      transcribeLong($("model").value, file, report, hotwordsQuery());
     }
   });
   $("export").addEventListener("click", () => last && exportPng(last.result, columnLabels(last.result), statusLine(last.result)));

@@ -62,7 +62,8 @@ function offer(id, text, type) {
   link.hidden = false;
 }
 
-export async function transcribeLong(model, file, report) {
+// `options`: more of the gateway's query (the hotwords).
+export async function transcribeLong(model, file, report, options = {}) {
   $("segments").replaceChildren();
   for (const id of ["download-srt", "download-vtt"]) $(id).hidden = true;
   $("long-result").hidden = false;
@@ -71,7 +72,7 @@ export async function transcribeLong(model, file, report) {
   const base = file.name.replace(/\.[^.]*$/, "") || "transcript";
   let response;
   try {
-    response = await fetch(`/api/transcribe?${new URLSearchParams({ model })}`, {
+    response = await fetch(`/api/transcribe?${new URLSearchParams({ model, ...options })}`, {
       method: "POST", body: file, headers: { "Content-Type": file.type || "application/octet-stream" },
     });
   } catch {

@@ -141,6 +141,8 @@ def _decoding_from_proto(msg: pb.DecodingOptions) -> gen.DecodingOptions:
         glossary=tuple(sorted(msg.glossary.items())),
         use_default_glossary=msg.use_default_glossary,
         read_once=msg.read_once,
+        hotwords=tuple(msg.hotwords),
+        hotword_boost=msg.hotword_boost,
     )
 
 
@@ -159,6 +161,8 @@ def _decoding_to_proto(options: gen.DecodingOptions) -> pb.DecodingOptions:
         glossary=dict(options.glossary),
         use_default_glossary=options.use_default_glossary,
         read_once=options.read_once,
+        hotwords=list(options.hotwords),
+        hotword_boost=options.hotword_boost,
     )
 
 

@@ -56,7 +56,15 @@ class DecodingOptions:
     # Audio: decode the recording once, at its own speed, even where the model reads it at several
     # (AudioInputInfo.speeds): less compute, the accuracy of one reading.
     read_once: bool = False
+    # Words the output is expected to hold (names, terms): the search favours writing them, each letter of
+    # one gaining hotword_boost (server/decoding/hotwords.py); a phrase's words count one by one. Models
+    # with metaspace tokenizers; at most 100 words. hotword_boost 0 = the default (DEFAULT_HOTWORD_BOOST).
+    hotwords: tuple[str, ...] = ()
+    hotword_boost: float = 0.0
 
+
+# The boost per letter of a hotword when a request names none (chosen on speech-en 12's dev clips).
+DEFAULT_HOTWORD_BOOST = 0.25
 
 # Greedy search whatever the model's default search is: what a comparison with another greedy decoder needs.
 GREEDY = DecodingOptions(beam_size=1)
