@@ -303,6 +303,21 @@ def test_the_page_gets_each_segment_then_the_subtitles(server, unary, spoken):
     assert last["vtt"].startswith("WEBVTT\n\n")
 
 
+def test_the_pages_hotwords_go_with_every_segment(server, served, unary, spoken):
+    pytest.importorskip("aiohttp")
+    import urllib.parse
+
+    from gateway_thread import BackgroundGateway
+
+    missed = sorted({w for s in SENTENCES for w in s.split()} - set(unary.text.split()))
+    expected = served.generate(request(spoken[0], dataclasses.replace(GREEDY, hotwords=tuple(missed))))
+    assert missed and expected.text != unary.text  # the hotwords change what is heard
+    query = urllib.parse.urlencode({"model": NAME, "beam_size": 1, "hotwords": " ".join(missed)})
+    with BackgroundGateway(server.address) as page:
+        lines = _post_lines(f"{page.url}/api/transcribe?{query}", spoken[0])
+    assert lines[-1]["result"]["text"] == expected.text
+
+
 def test_the_page_is_served_over_https_with_a_certificate(server, tmp_path):
     pytest.importorskip("aiohttp")
     import asyncio

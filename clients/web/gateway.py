@@ -8,7 +8,8 @@ Routes:
     GET  /                      the page (static/index.html; its scripts and styles under /static/)
     /v1/...                     the HTTP/JSON API, the whole gRPC service (http_api.py, docs/http-api.md)
     GET  /api/models            every served model, as ModelInfo JSON (the page's own shape, payload.py)
-    POST /api/transcribe?model=M[&hotwords=W1+W2]  body: an audio file of any length the server accepts; answers its segments
+    POST /api/transcribe?model=M[&hotwords=W1+W2]
+                                body: an audio file of any length the server accepts; answers its segments
                                 as they are transcribed, then the result with its SRT and WebVTT subtitles,
                                 as newline-delimited JSON (clients/web/captions.py)
     POST /api/generate?model=M&to=LANG[&layer=L&heads=H,H]
