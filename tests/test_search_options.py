@@ -223,7 +223,7 @@ def test_repeated_ngram_completions():
 
 def test_rules_that_would_forbid_every_token_are_lifted_for_that_step():
     class Prepared:  # the fields OutputRules reads
-        min_new_tokens, no_repeat_ngram_size, forced_start = 3, 1, None
+        min_new_tokens, no_repeat_ngram_size, forced_start, hotwords = 3, 1, None, None
 
     rules = OutputRules([Prepared()], eos=0)
     rules.start(1)
