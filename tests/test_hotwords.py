@@ -57,6 +57,16 @@ def test_pieces_that_open_a_word_with_letters_gain_them_at_once():
     assert bias.deltas(np.array([2], dtype=np.int64))[3] == 3.0  # "▁ca" + "t": the whole "cat"
 
 
+def test_byte_level_pieces_match_a_hotword_by_its_bytes():
+    vocabulary = Vocabulary(("<|endoftext|>", "Ġca", "f", "Ã©", "Ġthe", "e"), frozenset({0}), "Ġ")
+    bias = hotword_bias(["café"], 1.0, vocabulary, "whisper")
+    assert bias.words == {"cafÃ©"}
+    assert bias.deltas(np.array([], dtype=np.int64))[1] == 2.0  # "Ġca" opens it
+    after = bias.deltas(np.array([4, 1, 2], dtype=np.int64))  # " the caf"
+    assert after[3] == 5.0 and after[5] == 0.0  # "é" is two bytes: "cafÃ©" is five characters; "cafe" is not it
+    assert bias.deltas(np.array([1, 2, 3], dtype=np.int64))[0] == 5.0  # the end after the whole word
+
+
 @pytest.mark.parametrize("phrases, boost, message", [
     (["Joe"], 2.0, "characters model 'speech-en' never writes: 'J'"),
     (["a" * 51], 2.0, "the limit is 50"),

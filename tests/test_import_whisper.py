@@ -424,3 +424,24 @@ def test_the_page_transcribes_an_upload_as_grpc_does(repo):
     assert [w["start_seconds"] for w in page["words"]] == pytest.approx([w.start_seconds for w in want.words])
     # The page draws words against a time axis over the 30 s window.
     assert page["columns"]["kind"] == "time" and len(page["attention"]["weights"]) == len(want.attention.weights)
+
+
+def test_hotwords_are_matched_in_the_byte_level_spelling(engine):
+    """A hotword the random-weight model never writes is written once boosted, "é" and all: the bias finds
+    its pieces (Ġ-marked, bytes spelled in GPT-2's alphabet) in Whisper's vocabulary."""
+    plain = engine.generate(request(CLIPS[0]), 120)
+    boosted = dataclasses.replace(request(CLIPS[0]).decoding, hotwords=("café",), hotword_boost=10.0)
+    helped = engine.generate(dataclasses.replace(request(CLIPS[0]), decoding=boosted), 120)
+    assert "café" not in plain.text and "café" in helped.text
+
+
+def test_the_byte_alphabet_is_byte_level_bpes():
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from attnserve.server.decoding.hotwords import BYTE_ALPHABET, Vocabulary
+
+    assert list(BYTE_ALPHABET) == [bytes_to_unicode()[b] for b in range(256)]
+    spelled = Vocabulary((), frozenset(), "Ġ").spell
+    for word in ("café", "naïve", "東京", "it's"):  # the pre-tokenizer splits "it's" too; the bytes are the same
+        assert spelled(word) == "".join(p for p, _ in ByteLevel(add_prefix_space=False).pre_tokenize_str(word))

@@ -15,8 +15,11 @@ scores and word confidences are those of the biased search, as for the other out
 speech-en 12 (models/speech-en/README.md, "Hotwords"): a boost that is too high writes hotwords where none
 were said (the pull compounds letter by letter), hence the low default.
 
-Words are matched by their letters, the pieces' word markers ("▁") dropped: a piece that starts with a
-marker begins a new word. A phrase's words are boosted one by one.
+Words are matched by their letters, the pieces' word markers dropped: a piece that starts with a marker
+("▁" in SentencePiece vocabularies, "Ġ" in byte-level BPE such as Whisper's) begins a new word. Byte-level
+pieces spell bytes, so a hotword is matched in its bytes' spelling (GPT-2's printable byte alphabet):
+"café" is looked for as "cafÃ©" (and its letters counted as bytes). A phrase's words are boosted one by
+one.
 """
 
 from __future__ import annotations
@@ -27,12 +30,23 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnserve.server.model.tokenization import METASPACE, Tokenizer
+from attnserve.server.model.tokenization import BYTE_LEVEL_SPACE, METASPACE, Tokenizer
 
 # Request limits: the list is small by design (a talk's names and terms), and every step walks it.
 MAX_HOTWORDS = 100
 MAX_HOTWORD_CHARS = 50
 MAX_BOOST = 10.0
+
+
+def _byte_alphabet() -> tuple[str, ...]:
+    """The character byte-level BPE writes for each byte: printable Latin-1 bytes stand for themselves, the
+    others (controls, space, ...) take the characters from U+0100 on, in byte order."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    others = iter(range(0x100, 0x200))
+    return tuple(chr(b) if b in printable else chr(next(others)) for b in range(256))
+
+
+BYTE_ALPHABET = _byte_alphabet()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,22 +56,31 @@ class Vocabulary:
     Args:
         pieces: the piece of every id.
         special: the ids that are not text (EOS among them): they end the current word.
+        marker: what a piece that begins a word starts with: METASPACE, or BYTE_LEVEL_SPACE (whose pieces
+            spell bytes).
     """
 
     pieces: tuple[str, ...]
     special: frozenset[int]
+    marker: str = METASPACE
+
+    def spell(self, word: str) -> str:
+        """`word` as the pieces write it: itself, or for byte-level pieces its UTF-8 bytes' characters."""
+        if self.marker == BYTE_LEVEL_SPACE:
+            return "".join(BYTE_ALPHABET[b] for b in word.encode("utf-8"))
+        return word
 
     @functools.cached_property
     def starts_word(self) -> np.ndarray:
         """(V,) whether a token begins a new word (a marker piece) or ends the text (a special token)."""
-        return np.array([i in self.special or p.startswith(METASPACE) for i, p in enumerate(self.pieces)])
+        return np.array([i in self.special or p.startswith(self.marker) for i, p in enumerate(self.pieces)])
 
     @functools.cached_property
     def continuations(self) -> dict[str, np.ndarray]:
         """Letters -> the ids of the pieces that add exactly them to the current word."""
         out: dict[str, list[int]] = {}
         for i, piece in enumerate(self.pieces):
-            if i not in self.special and not piece.startswith(METASPACE) and piece:
+            if i not in self.special and not piece.startswith(self.marker) and piece:
                 out.setdefault(piece, []).append(i)
         return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
 
@@ -66,23 +89,24 @@ class Vocabulary:
         """Letters after the marker -> the ids of the marker pieces that open a word with them."""
         out: dict[str, list[int]] = {}
         for i, piece in enumerate(self.pieces):
-            if i not in self.special and piece.startswith(METASPACE):
-                out.setdefault(piece.lstrip(METASPACE), []).append(i)
+            if i not in self.special and piece.startswith(self.marker):
+                out.setdefault(piece.lstrip(self.marker), []).append(i)
         return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
 
 
     @functools.cached_property
     def letters(self) -> frozenset[str]:
         """Every character some text piece holds (word markers aside)."""
-        return frozenset("".join(p for i, p in enumerate(self.pieces) if i not in self.special).replace(METASPACE, ""))
+        text = "".join(p for i, p in enumerate(self.pieces) if i not in self.special)
+        return frozenset(text.replace(self.marker, ""))
 
 
-def hotword_vocabulary(tokenizer: Tokenizer) -> Vocabulary | None:
-    """The model's pieces for hotword matching; None for tokenizers without word markers (byte-level BPE)."""
-    if tokenizer.word_boundary != "metaspace-cjk":
-        return None
+def hotword_vocabulary(tokenizer: Tokenizer) -> Vocabulary:
+    """The model's pieces for hotword matching, with the word marker of its tokenizer's rule."""
     ids = list(range(tokenizer.vocab_size))
-    return Vocabulary(tuple(tokenizer.pieces(ids)), frozenset(i for i, s in zip(ids, tokenizer.is_special(ids)) if s))
+    special = frozenset(i for i, s in zip(ids, tokenizer.is_special(ids)) if s)
+    marker = BYTE_LEVEL_SPACE if tokenizer.word_boundary == "byte-level" else METASPACE
+    return Vocabulary(tuple(tokenizer.pieces(ids)), special, marker)
 
 
 def hotword_bias(phrases: Sequence[str], boost: float, vocabulary: Vocabulary, model: str) -> HotwordBias:
@@ -102,19 +126,19 @@ def hotword_bias(phrases: Sequence[str], boost: float, vocabulary: Vocabulary, m
     for word in words:
         if len(word) > MAX_HOTWORD_CHARS:
             raise ValueError(f"hotword {word[:20]!r}... has {len(word)} characters; the limit is {MAX_HOTWORD_CHARS}")
-        unwritable = sorted(set(word) - vocabulary.letters)
+        unwritable = sorted(c for c in set(word) if not set(vocabulary.spell(c)) <= vocabulary.letters)
         if unwritable:
             known = "".join(sorted(vocabulary.letters)) if len(vocabulary.letters) <= 64 else None
             raise ValueError(f"hotword {word!r} has characters model '{model}' never writes: {''.join(unwritable)!r}"
                              + (f"; it writes {known!r}" if known else ""))
-    return HotwordBias(words, boost, vocabulary)
+    return HotwordBias([vocabulary.spell(w) for w in words], boost, vocabulary)
 
 
 class HotwordBias:
     """The bonus of one request's hotwords, for any of its rows.
 
     Args:
-        words: the hotwords (single words, as the model writes them).
+        words: the hotwords (single words, spelled as the pieces write them: Vocabulary.spell).
         boost: the bonus per letter (> 0).
         vocabulary: the model's pieces.
     """
@@ -122,7 +146,7 @@ class HotwordBias:
     def __init__(self, words: Sequence[str], boost: float, vocabulary: Vocabulary):
         self.words = frozenset(words)
         self.boost = boost
-        self._pieces = vocabulary.pieces
+        self._pieces, self._marker = vocabulary.pieces, vocabulary.marker
         self._prefixes = {w[:i] for w in self.words for i in range(len(w) + 1)}
         self._starts_word = vocabulary.starts_word
         self._continuations = vocabulary.continuations
@@ -132,7 +156,7 @@ class HotwordBias:
         """The letters of the word the row is writing: its tokens since the last one that began a word."""
         starts = np.flatnonzero(self._starts_word[tokens])
         first = int(starts[-1]) if len(starts) else 0
-        return "".join(self._pieces[t] for t in tokens[first:]).replace(METASPACE, "")
+        return "".join(self._pieces[t] for t in tokens[first:]).replace(self._marker, "")
 
     def bonus(self, word: str) -> float:
         """What writing `word` is worth while it is the start of a hotword (or a whole one): boost x its letters."""

@@ -36,7 +36,7 @@ class RequestValidator:
         max_attention_values: most attention weights one response may carry; 0 = no limit.
         glossary: turns the request's glossary terms into constraints (server/decoding/glossary.py); None = none.
         vocabulary: the output pieces hotwords are matched against (server/decoding/hotwords.py); None = the
-            model takes no hotwords (its tokenizer has no word markers).
+            model takes no hotwords.
     """
 
     def __init__(self, manifest: Manifest, preprocessor: Preprocessor, max_beam_size: int,
@@ -117,8 +117,7 @@ class RequestValidator:
 
     def _hotwords(self, options: DecodingOptions) -> HotwordBias:
         if self.vocabulary is None:
-            raise ValueError(f"hotwords need a tokenizer with word markers (metaspace); model '{self.manifest.name}' "
-                             f"uses {self.manifest.tokenizer.word_boundary}")
+            raise ValueError(f"model '{self.manifest.name}' takes no hotwords")
         boost = options.hotword_boost or DEFAULT_HOTWORD_BOOST
         return hotword_bias(options.hotwords, boost, self.vocabulary, self.manifest.name)
 

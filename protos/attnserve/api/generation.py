@@ -57,8 +57,8 @@ class DecodingOptions:
     # (AudioInputInfo.speeds): less compute, the accuracy of one reading.
     read_once: bool = False
     # Words the output is expected to hold (names, terms): the search favours writing them, each letter of
-    # one gaining hotword_boost (server/decoding/hotwords.py); a phrase's words count one by one. Models
-    # with metaspace tokenizers; at most 100 words. hotword_boost 0 = the default (DEFAULT_HOTWORD_BOOST).
+    # one gaining hotword_boost (server/decoding/hotwords.py); a phrase's words count one by one; at most
+    # 100 words. hotword_boost 0 = the default (DEFAULT_HOTWORD_BOOST).
     hotwords: tuple[str, ...] = ()
     hotword_boost: float = 0.0
 
