@@ -150,7 +150,8 @@ class HotwordBias:
         self._prefixes = {w[:i] for w in self.words for i in range(len(w) + 1)}
         self._starts_word = vocabulary.starts_word
         self._continuations = vocabulary.continuations
-        self._openings = {k: v for k, v in vocabulary.openings.items() if k in self._prefixes}
+        self._openings = {k: v for k, v in vocabulary.openings.items() if k and k in self._prefixes}
+        self._next: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # prefix -> (ids, gains), filled as met
 
     def current_word(self, tokens: np.ndarray) -> str:
         """The letters of the word the row is writing: its tokens since the last one that began a word."""
@@ -165,14 +166,26 @@ class HotwordBias:
     def deltas(self, tokens: np.ndarray) -> np.ndarray:
         """(V,) what each next token gains for a row that generated `tokens` (see the module docstring)."""
         word = self.current_word(tokens)
-        out = np.where(self._starts_word, self.boost * len(word) if word in self.words else 0.0, 0.0)
+        out = self._starts_word * (self.boost * len(word) if word in self.words else 0.0)
         for opening, ids in self._openings.items():  # a marker piece whose letters start a hotword
             out[ids] += self.bonus(opening)
-        for hotword in self.words:
-            if hotword.startswith(word):
-                rest = hotword[len(word):]
-                for j in range(1, len(rest) + 1):
-                    ids = self._continuations.get(rest[:j])
-                    if ids is not None:
-                        out[ids] = self.bonus(word + rest[:j])
+        if word in self._prefixes:
+            ids, gains = self._continuing(word)
+            out[ids] = gains
         return out
+
+    def _continuing(self, word: str) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of the pieces that continue a hotword after `word`, and what each gains (computed once
+        per prefix: every row of the request that reaches it asks again, step after step)."""
+        if word not in self._next:
+            ids, gains = [np.zeros(0, dtype=np.int64)], [np.zeros(0)]
+            for hotword in self.words:
+                if hotword.startswith(word):
+                    rest = hotword[len(word):]
+                    for j in range(1, len(rest) + 1):
+                        found = self._continuations.get(rest[:j])
+                        if found is not None:
+                            ids.append(found)
+                            gains.append(np.full(len(found), self.bonus(word + rest[:j])))
+            self._next[word] = np.concatenate(ids), np.concatenate(gains)
+        return self._next[word]

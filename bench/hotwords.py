@@ -1,0 +1,80 @@
+"""What hotwords cost: the same clips through the served recognizer without hotwords and with their source's
+list (export/speech/hotword_eval.py: its rare words, the longest 100), alternating in one run, as audio
+seconds transcribed per second (and WER, hotword recall beside).
+
+    python bench/hotwords.py --corpus /work/data/speech-sky2 --split dev --clips 120 \\
+        --out bench/results/hotwords.json
+
+One engine (the newest speech-en of --models, its default search). Each round submits every clip (shortest
+first, at most 40 in flight) without hotwords and then with them; rounds alternate which goes first. The
+ratio is the throughput with hotwords over the throughput without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import pathlib
+import time
+
+from attnserve.api.generation import AudioInput, DecodingOptions, GenerationRequest
+from attnserve.export.common.reports import emit
+from attnserve.export.common.serving import open_engine
+from attnserve.export.speech.hotword_eval import hotword_lists, hotword_scores, rows_of
+from attnserve.export.speech.scoring import error_rate
+from attnserve.server.model.repository import find_models
+
+NAME = "speech-en"
+
+
+def transcribe(engine, wavs: list[bytes], hotwords: list[tuple[str, ...]]) -> tuple[list[str], float]:
+    """Texts in clip order and the seconds they took, at most 40 requests in flight."""
+    started, texts = time.perf_counter(), []
+    for begin in range(0, len(wavs), 40):
+        futures = [engine.submit(GenerationRequest(NAME, audio=AudioInput(wav=w), decoding=DecodingOptions(hotwords=h)))
+                   for w, h in zip(wavs[begin : begin + 40], hotwords[begin : begin + 40])]
+        texts += [f.result().text for f in futures]
+    return texts, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
+    parser.add_argument("--corpus", type=pathlib.Path, required=True, help="a speech corpus folder (manifests)")
+    parser.add_argument("--split", default="dev")
+    parser.add_argument("--train-split", default="train", help="the transcripts a word counts as seen in")
+    parser.add_argument("--clips", type=int, default=120, help="the first N clips of the split")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args()
+
+    every = rows_of(args.corpus, args.split)
+    seen = collections.Counter(w for r in rows_of(args.corpus, args.train_split) for w in r["text"].split())
+    lists = hotword_lists(every, seen)
+    rows = sorted(every[: args.clips], key=lambda r: r["duration"])
+    wavs = [(args.corpus / r["path"]).read_bytes() for r in rows]
+    arms = {"without": [()] * len(rows), "with hotwords": [lists[r["source"]] for r in rows]}
+    engine = open_engine(find_models(args.models, only=[NAME])[NAME].path)
+    seconds, texts = {name: [] for name in arms}, {}
+    try:
+        for round_ in range(args.rounds):
+            for name in (list(arms) if round_ % 2 == 0 else list(arms)[::-1]):
+                texts[name], took = transcribe(engine, wavs, arms[name])
+                seconds[name].append(round(took, 2))
+    finally:
+        engine.close()
+    audio_seconds = sum(r["duration"] for r in rows)
+    rates = {name: round(audio_seconds * args.rounds / sum(s), 2) for name, s in seconds.items()}
+    report = {
+        "clips": len(rows), "audio_seconds": round(audio_seconds, 1), "rounds": args.rounds,
+        "hotwords_per_clip": round(sum(len(h) for h in arms["with hotwords"]) / len(rows), 1),
+        "seconds": seconds, "audio_seconds_per_second": rates,
+        "throughput_ratio": round(rates["with hotwords"] / rates["without"], 3),
+        "wer": {n: round(error_rate(t, [r["text"] for r in rows], "word"), 4) for n, t in texts.items()},
+        "hotwords": {n: hotword_scores(t, rows, lists) for n, t in texts.items()},
+    }
+    emit(report, args.out)
+
+
+if __name__ == "__main__":
+    main()
