@@ -15,26 +15,14 @@ from __future__ import annotations
 import argparse
 import collections
 import pathlib
-import time
 
-from attnserve.api.generation import AudioInput, DecodingOptions, GenerationRequest
+from attnserve.api.generation import DecodingOptions
 from attnserve.export.common.reports import emit
 from attnserve.export.common.serving import open_engine
 from attnserve.export.speech.hotword_eval import hotword_lists, hotword_scores, rows_of
 from attnserve.export.speech.scoring import error_rate
 from attnserve.server.model.repository import find_models
-
-NAME = "speech-en"
-
-
-def transcribe(engine, wavs: list[bytes], hotwords: list[tuple[str, ...]]) -> tuple[list[str], float]:
-    """Texts in clip order and the seconds they took, at most 40 requests in flight."""
-    started, texts = time.perf_counter(), []
-    for begin in range(0, len(wavs), 40):
-        futures = [engine.submit(GenerationRequest(NAME, audio=AudioInput(wav=w), decoding=DecodingOptions(hotwords=h)))
-                   for w, h in zip(wavs[begin : begin + 40], hotwords[begin : begin + 40])]
-        texts += [f.result().text for f in futures]
-    return texts, time.perf_counter() - started
+from speed_readings import NAME, transcribe  # bench/, the script's own folder
 
 
 def main() -> None:
@@ -53,7 +41,8 @@ def main() -> None:
     lists = hotword_lists(every, seen)
     rows = sorted(every[: args.clips], key=lambda r: r["duration"])
     wavs = [(args.corpus / r["path"]).read_bytes() for r in rows]
-    arms = {"without": [()] * len(rows), "with hotwords": [lists[r["source"]] for r in rows]}
+    arms = {"without": [DecodingOptions()] * len(rows),
+            "with hotwords": [DecodingOptions(hotwords=lists[r["source"]]) for r in rows]}
     engine = open_engine(find_models(args.models, only=[NAME])[NAME].path)
     seconds, texts = {name: [] for name in arms}, {}
     try:
@@ -67,7 +56,7 @@ def main() -> None:
     rates = {name: round(audio_seconds * args.rounds / sum(s), 2) for name, s in seconds.items()}
     report = {
         "clips": len(rows), "audio_seconds": round(audio_seconds, 1), "rounds": args.rounds,
-        "hotwords_per_clip": round(sum(len(h) for h in arms["with hotwords"]) / len(rows), 1),
+        "hotwords_per_clip": round(sum(len(o.hotwords) for o in arms["with hotwords"]) / len(rows), 1),
         "seconds": seconds, "audio_seconds_per_second": rates,
         "throughput_ratio": round(rates["with hotwords"] / rates["without"], 3),
         "wer": {n: round(error_rate(t, [r["text"] for r in rows], "word"), 4) for n, t in texts.items()},

@@ -27,12 +27,14 @@ from attnserve.export.common.reports import emit
 NAME = "speech-en"
 
 
-def transcribe(engine, wavs: list[bytes]) -> tuple[list[str], float]:
-    """Texts in clip order and the seconds they took, at most 40 requests in flight."""
+def transcribe(engine, wavs: list[bytes], options: list[DecodingOptions] | None = None) -> tuple[list[str], float]:
+    """Texts in clip order and the seconds they took, at most 40 requests in flight; `options`: each clip's
+    search (bench/hotwords.py gives its hotwords), else the model's default."""
+    options = options or [DecodingOptions()] * len(wavs)
     started, texts = time.perf_counter(), []
     for begin in range(0, len(wavs), 40):
-        futures = [engine.submit(GenerationRequest(NAME, audio=AudioInput(wav=w), decoding=DecodingOptions()))
-                   for w in wavs[begin : begin + 40]]
+        futures = [engine.submit(GenerationRequest(NAME, audio=AudioInput(wav=w), decoding=o))
+                   for w, o in zip(wavs[begin : begin + 40], options[begin : begin + 40])]
         texts += [f.result().text for f in futures]
     return texts, time.perf_counter() - started
 
