@@ -25,7 +25,6 @@ from attnserve.server.inputs import preprocessing, preprocessors
 from attnserve.server.engine.batcher import Batcher, BatchingOptions
 from attnserve.server.engine.continuous import ContinuousLoop
 from attnserve.server.decoding.glossary import Glossary
-from attnserve.server.decoding.hotwords import hotword_vocabulary
 from attnserve.api.generation import GenerationRequest, GenerationResult, ModelInfo, StreamedToken
 from attnserve.server.engine.model_handle import ModelHandle
 from attnserve.server.decoding.prepared import PreparedRequest
@@ -66,7 +65,7 @@ class ModelEngine:
         self.glossary = Glossary(glossary.read_file(model.path.parent / glossary.FILE), tokenizer,
                                  self.manifest.special_tokens.unk, self.manifest.input.kind == "text")
         self._validator = RequestValidator(self.manifest, self.preprocessor, batching.max_beam_size,
-                                           batching.max_attention_values, self.glossary, hotword_vocabulary(tokenizer))
+                                           batching.max_attention_values, self.glossary, tokenizer)
         handle = ModelHandle.open(model, runtime, self.preprocessor)
         results = ResultBuilder(self.manifest, tokenizer, self.preprocessor)
         self._continuous = ContinuousLoop(handle, results) if batching.continuous is not None else None

@@ -11,19 +11,20 @@ be accepted; the gRPC edge reports every one as INVALID_ARGUMENT (an input over 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import secrets
 
 from attnserve.api.generation import (DEFAULT_HOTWORD_BOOST, DecodingOptions, GenerationRequest, SamplingOptions,
                                       resolved_beam_size)
 from attnserve.server.decoding.glossary import Glossary
-from attnserve.server.decoding.hotwords import HotwordBias, Vocabulary, hotword_bias
+from attnserve.server.decoding.hotwords import HotwordBias, Vocabulary, hotword_bias, hotword_vocabulary
 from attnserve.api.language_detection import target_for
 from attnserve.server.model.manifest import Manifest
 from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.decoding.prompt import forced_start
 from attnserve.server.inputs.preprocessing import Preprocessor
-from attnserve.server.model.tokenization import check_text
+from attnserve.server.model.tokenization import Tokenizer, check_text
 
 
 class RequestValidator:
@@ -35,15 +36,16 @@ class RequestValidator:
         max_beam_size: widest beam this server accepts (every beam is a batch row).
         max_attention_values: most attention weights one response may carry; 0 = no limit.
         glossary: turns the request's glossary terms into constraints (server/decoding/glossary.py); None = none.
-        vocabulary: the output pieces hotwords are matched against (server/decoding/hotwords.py); None = the
-            model takes no hotwords.
+        tokenizer: the model's output tokenizer, whose pieces hotwords are matched against
+            (server/decoding/hotwords.py), read into a Vocabulary at the first request with hotwords; None =
+            the model takes no hotwords.
     """
 
     def __init__(self, manifest: Manifest, preprocessor: Preprocessor, max_beam_size: int,
                  max_attention_values: int = 0, glossary: Glossary | None = None,
-                 vocabulary: Vocabulary | None = None):
+                 tokenizer: Tokenizer | None = None):
         self.manifest = manifest
-        self.vocabulary = vocabulary
+        self._tokenizer = tokenizer
         self.glossary = glossary
         self.preprocessor = preprocessor
         self.max_beam_size = max_beam_size
@@ -115,11 +117,16 @@ class RequestValidator:
             hotwords=hotwords,
         )
 
+    @functools.cached_property
+    def _vocabulary(self) -> Vocabulary:
+        # Built when first needed: most requests name no hotwords, and a vocabulary can hold 256k pieces.
+        return hotword_vocabulary(self._tokenizer)
+
     def _hotwords(self, options: DecodingOptions) -> HotwordBias:
-        if self.vocabulary is None:
+        if self._tokenizer is None:
             raise ValueError(f"model '{self.manifest.name}' takes no hotwords")
         boost = options.hotword_boost or DEFAULT_HOTWORD_BOOST
-        return hotword_bias(options.hotwords, boost, self.vocabulary, self.manifest.name)
+        return hotword_bias(options.hotwords, boost, self._vocabulary, self.manifest.name)
 
     def _reverse_language(self, target: str) -> str:
         """The language a reranked request's source is in: the one other language the model translates into
