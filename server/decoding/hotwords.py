@@ -93,7 +93,6 @@ class Vocabulary:
                 out.setdefault(piece.lstrip(self.marker), []).append(i)
         return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
 
-
     @functools.cached_property
     def letters(self) -> frozenset[str]:
         """Every character some text piece holds (word markers aside)."""

@@ -39,7 +39,8 @@ class OutputRules:
         self._min_new = np.array([r.min_new_tokens for r in requests], dtype=np.int64)  # (N,)
         self._ngram = np.array([r.no_repeat_ngram_size for r in requests], dtype=np.int64)  # (N,)
         self._hotwords = [r.hotwords for r in requests]  # per request: a HotwordBias or None
-        self._tracks_tokens = bool((self._ngram > 0).any()) or any(self._hotwords)
+        self._has_hotwords = np.array([h is not None for h in self._hotwords], dtype=bool)  # (N,)
+        self._tracks_tokens = bool((self._ngram > 0).any() or self._has_hotwords.any())
         starts = [r.forced_start or ForcedStart() for r in requests]
         self._forced = [np.array(f.tokens, dtype=np.int64) for f in starts]  # per request, DETECT = choose
         self._detect_from = [np.array(f.detect_from, dtype=np.int64) for f in starts]
@@ -63,9 +64,8 @@ class OutputRules:
         if self._any_start and step <= self._forced_length.max():
             self._force_start(logits, row_request, step)
         if self._tracks_tokens:
-            for row, request in enumerate(row_request):
-                if self._hotwords[request] is not None:
-                    logits[row] += self._hotwords[request].deltas(self._row_tokens[row])
+            for row in np.flatnonzero(self._has_hotwords[row_request]):
+                logits[row] += self._hotwords[row_request[row]].deltas(self._row_tokens[row])
         short = np.flatnonzero(step < self._min_new[row_request])
         guarded = np.flatnonzero(self._ngram[row_request] > 0) if self._tracks_tokens else short[:0]
         if not len(short) and not len(guarded):
