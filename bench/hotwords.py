@@ -19,7 +19,8 @@ import pathlib
 from attnserve.api.generation import DecodingOptions
 from attnserve.export.common.reports import emit
 from attnserve.export.common.serving import open_engine
-from attnserve.export.speech.hotword_eval import hotword_lists, hotword_scores, rows_of
+from attnserve.export.speech import manifest
+from attnserve.export.speech.hotword_eval import hotword_lists, hotword_scores
 from attnserve.export.speech.scoring import error_rate
 from attnserve.server.model.repository import find_models
 from speed_readings import NAME, transcribe  # bench/, the script's own folder
@@ -36,8 +37,9 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
 
-    every = rows_of(args.corpus, args.split)
-    seen = collections.Counter(w for r in rows_of(args.corpus, args.train_split) for w in r["text"].split())
+    every = manifest.read(args.corpus / f"{args.split}.jsonl")
+    training = manifest.read(args.corpus / f"{args.train_split}.jsonl")
+    seen = collections.Counter(w for r in training for w in r["text"].split())
     lists = hotword_lists(every, seen)
     rows = sorted(every[: args.clips], key=lambda r: r["duration"])
     wavs = [(args.corpus / r["path"]).read_bytes() for r in rows]

@@ -13,12 +13,12 @@ busier or quieter during the run moves both. The ratio is the readings' throughp
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import time
 
 from attnserve.api.generation import AudioInput, DecodingOptions, GenerationRequest
 from attnserve.export.common.serving import open_engine
+from attnserve.export.speech import manifest
 from attnserve.export.speech.evaluate import decoding_variant
 from attnserve.export.speech.scoring import error_rate
 from attnserve.server.model.repository import find_models
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
 
-    rows = [json.loads(line) for line in (args.corpus / f"{args.split}.jsonl").read_text().splitlines() if line.strip()]
+    rows = manifest.read(args.corpus / f"{args.split}.jsonl")
     rows = sorted(rows[: args.clips], key=lambda r: r["duration"])
     wavs, references = [(args.corpus / r["path"]).read_bytes() for r in rows], [r["text"] for r in rows]
     audio_seconds = sum(r["duration"] for r in rows)

@@ -14,12 +14,12 @@ scales (a confidence c served at scale s is c ** (t / s) at scale t).
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 
 import numpy as np
 
 from attnserve.export.common.serving import open_engine
+from attnserve.export.speech import manifest
 from attnserve.export.common.reports import emit
 
 BANDS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -104,7 +104,7 @@ def main() -> None:
     report, pooled = {"model": str(args.model_dir), "word_confidence_scale": scale, "splits": {}}, ([], [])
     try:
         for split in args.splits:
-            rows = [json.loads(line) for line in (args.corpus / f"{split}.jsonl").read_text().splitlines() if line]
+            rows = manifest.read(args.corpus / f"{split}.jsonl")
             results = transcribe(engine, args.corpus, rows, args.beam_size, attention=False)
             confidence, right = words_and_outcomes(results, [row["text"] for row in rows])
             report["splits"][split] = calibration(confidence, right)

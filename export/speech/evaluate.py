@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from attnserve.export.common.serving import open_engine
+from attnserve.export.speech import manifest as corpus_manifest
 from attnserve.export.speech.scoring import error_rate
 from attnserve.export.common.reports import emit
 
@@ -164,7 +165,7 @@ def example(row: dict, result) -> dict:
 
 def score_split(engine, corpus: pathlib.Path, split: str, beam_size: int, limit: int | None,
                 noise_snr_db: float | None = None) -> dict:
-    rows = [json.loads(line) for line in (corpus / f"{split}.jsonl").read_text().splitlines() if line.strip()]
+    rows = corpus_manifest.read(corpus / f"{split}.jsonl")
     rows = rows[:limit] if limit else rows
     started = time.monotonic()
     results = transcribe(engine, corpus, rows, beam_size, attention=True, noise_snr_db=noise_snr_db)

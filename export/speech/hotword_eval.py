@@ -16,18 +16,14 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import json
 import pathlib
 
 from attnserve.export.common.serving import open_engine
+from attnserve.export.speech import manifest
 from attnserve.export.speech.confidence import right_words
 from attnserve.export.speech.scoring import error_rate
 from attnserve.server.decoding.hotwords import MAX_HOTWORDS
 from attnserve.export.common.reports import emit
-
-
-def rows_of(corpus: pathlib.Path, split: str) -> list[dict]:
-    return [json.loads(line) for line in (corpus / f"{split}.jsonl").read_text().splitlines() if line.strip()]
 
 
 def hotword_lists(rows: list[dict], seen: collections.Counter) -> dict[str, tuple[str, ...]]:
@@ -63,12 +59,12 @@ def main() -> None:
     parser.add_argument("--boosts", type=float, nargs="+", default=[0.0, 1.0, 2.0, 3.0])
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
-    seen = collections.Counter(w for r in rows_of(args.corpus, args.train_split) for w in r["text"].split())
+    seen = collections.Counter(w for r in manifest.read(args.corpus / f"{args.train_split}.jsonl") for w in r["text"].split())
     engine = open_engine(args.model_dir)
     report = {"model": str(args.model_dir), "splits": {}}
     try:
         for split in args.splits:
-            rows = rows_of(args.corpus, split)
+            rows = manifest.read(args.corpus / f"{split}.jsonl")
             lists = hotword_lists(rows, seen)
             scores = {}
             for boost in args.boosts:
