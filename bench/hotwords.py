@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import pathlib
 
 from attnserve.api.generation import DecodingOptions
@@ -23,7 +24,7 @@ from attnserve.export.speech import manifest
 from attnserve.export.speech.hotword_eval import hotword_lists, hotword_scores
 from attnserve.export.speech.scoring import error_rate
 from attnserve.server.model.repository import find_models
-from speed_readings import NAME, transcribe  # bench/, the script's own folder
+from speed_readings import NAME, alternate, transcribe  # bench/, the script's own folder
 
 
 def main() -> None:
@@ -46,12 +47,9 @@ def main() -> None:
     arms = {"without": [DecodingOptions()] * len(rows),
             "with hotwords": [DecodingOptions(hotwords=lists[r["source"]]) for r in rows]}
     engine = open_engine(find_models(args.models, only=[NAME])[NAME].path)
-    seconds, texts = {name: [] for name in arms}, {}
     try:
-        for round_ in range(args.rounds):
-            for name in (list(arms) if round_ % 2 == 0 else list(arms)[::-1]):
-                texts[name], took = transcribe(engine, wavs, arms[name])
-                seconds[name].append(round(took, 2))
+        texts, seconds = alternate({n: functools.partial(transcribe, engine, wavs, o) for n, o in arms.items()},
+                                   args.rounds)
     finally:
         engine.close()
     audio_seconds = sum(r["duration"] for r in rows)

@@ -13,8 +13,10 @@ busier or quieter during the run moves both. The ratio is the readings' throughp
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 import time
+from collections.abc import Callable
 
 from attnserve.api.generation import AudioInput, DecodingOptions, GenerationRequest
 from attnserve.export.common.serving import open_engine
@@ -39,6 +41,18 @@ def transcribe(engine, wavs: list[bytes], options: list[DecodingOptions] | None 
     return texts, time.perf_counter() - started
 
 
+def alternate(arms: dict[str, Callable[[], tuple[list[str], float]]], rounds: int
+              ) -> tuple[dict[str, list[str]], dict[str, list[float]]]:
+    """Runs every arm once per round, rounds alternating which goes first (a machine that gets busier or
+    quieter during the run moves all of them); (each arm's texts, each arm's seconds per round)."""
+    texts, seconds = {}, {name: [] for name in arms}
+    for round_ in range(rounds):
+        for name in (list(arms) if round_ % 2 == 0 else list(arms)[::-1]):
+            texts[name], took = arms[name]()
+            seconds[name].append(round(took, 2))
+    return texts, seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
@@ -57,14 +71,9 @@ def main() -> None:
     with decoding_variant(newest, None, True, speeds=[1.0]) as once_dir:
         engines = {"read once": open_engine(once_dir), "speed readings": open_engine(newest)}
         speeds = list(engines["speed readings"].manifest.decoding.speeds)
-        seconds = {name: [] for name in engines}
-        texts = {}
         try:
-            for round_ in range(args.rounds):
-                order = list(engines) if round_ % 2 == 0 else list(reversed(engines))
-                for name in order:
-                    texts[name], took = transcribe(engines[name], wavs)
-                    seconds[name].append(took)
+            texts, seconds = alternate({n: functools.partial(transcribe, e, wavs) for n, e in engines.items()},
+                                       args.rounds)
         finally:
             for engine in engines.values():
                 engine.close()

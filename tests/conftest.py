@@ -211,3 +211,18 @@ def bundled_speech():
                          batching=BatchingOptions(max_batch_size=8))
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="module")
+def speech_examples() -> list[dict]:
+    """The bundled speech recognizer's example clips (models/speech-en/examples/examples.json: file, text,
+    duration, words); skips where they are absent."""
+    import json
+    import os
+
+    examples = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
+    examples = examples / "speech-en" / "examples" / "examples.json"
+    if not examples.is_file():
+        pytest.skip(f"no bundled speech model examples at {examples.parent}")
+    return json.loads(examples.read_text())
+

@@ -28,14 +28,7 @@ WAIT = 120
 
 
 @pytest.fixture(scope="module")
-def examples() -> list[dict]:
-    if not (EXAMPLES / "examples.json").is_file():
-        pytest.skip(f"no bundled speech model examples at {EXAMPLES}")
-    return json.loads((EXAMPLES / "examples.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def engine(examples):
+def engine(speech_examples):
     engine = load_engine(find_models(REPOSITORY)[NAME], RuntimeOptions(), BatchingOptions(max_batch_size=8, window_ms=200.0))
     yield engine
     engine.close()
@@ -47,22 +40,22 @@ def request(example: dict, beam_size: int = 1) -> GenerationRequest:
 
 
 @pytest.fixture(scope="module")
-def alone(engine, examples):
-    return [engine.generate(request(e), WAIT) for e in examples]
+def alone(engine, speech_examples):
+    return [engine.generate(request(e), WAIT) for e in speech_examples]
 
 
-def test_held_out_voices_are_transcribed(alone, examples):
+def test_held_out_voices_are_transcribed(alone, speech_examples):
     # The served version is undertrained (its card has the error rates of all held-out clips); a broken
     # export, feature change or decode loop writes unrelated or looping text, 100% and more.
-    cer = error_rate([r.text for r in alone], [e["text"] for e in examples], "char")
+    cer = error_rate([r.text for r in alone], [e["text"] for e in speech_examples], "char")
     # Measured: version 3 0.27, version 2 0.44 (both with joint CTC/attention decoding; version 1, the speller
     # alone cut by the CTC length hint: 0.64).
-    assert cer < 0.55, [(r.text, e["text"]) for r, e in zip(alone, examples)]
+    assert cer < 0.55, [(r.text, e["text"]) for r, e in zip(alone, speech_examples)]
 
 
-def test_words_are_timed_where_the_synthesizer_said_them(alone, examples):
+def test_words_are_timed_where_the_synthesizer_said_them(alone, speech_examples):
     errors = []
-    for result, example in zip(alone, examples):
+    for result, example in zip(alone, speech_examples):
         assert result.words and [w.word for w in result.words] == result.text.split()
         starts = [w.start_seconds for w in result.words]
         assert starts == sorted(starts) and all(w.start_seconds < w.end_seconds <= example["duration"] + 0.01
@@ -71,11 +64,11 @@ def test_words_are_timed_where_the_synthesizer_said_them(alone, examples):
         for block in difflib.SequenceMatcher(None, served, reference, autojunk=False).get_matching_blocks():
             errors += [abs(result.words[block.a + k].start_seconds - example["words"][block.b + k][1])
                        for k in range(block.size)]
-    assert len(errors) >= len(examples) and np.median(errors) < 0.2
+    assert len(errors) >= len(speech_examples) and np.median(errors) < 0.2
 
 
-def test_a_batch_of_the_clips_equals_each_alone(engine, alone, examples):
-    futures = [engine.submit(request(e)) for e in examples]
+def test_a_batch_of_the_clips_equals_each_alone(engine, alone, speech_examples):
+    futures = [engine.submit(request(e)) for e in speech_examples]
     batched = [f.result(WAIT) for f in futures]
     assert max(r.timings.batch_size for r in batched) > 1
     for a, b in zip(alone, batched):

@@ -91,24 +91,17 @@ def test_speeds_of_a_model_that_reads_text_are_refused():
         parse_manifest(manifest, "manifest.json")
 
 
-@pytest.fixture(scope="module")
-def examples() -> list[dict]:
-    if not (EXAMPLES / "examples.json").is_file():
-        pytest.skip(f"no bundled speech model examples at {EXAMPLES}")
-    return json.loads((EXAMPLES / "examples.json").read_text())
-
-
 def _open(model_dir: pathlib.Path):
     return load_engine(find_models(model_dir.parent.parent)[NAME], RuntimeOptions(),
                        BatchingOptions(max_batch_size=8, window_ms=100.0))
 
 
 @pytest.fixture(scope="module")
-def engines(examples):
+def engines(speech_examples):
     """(read once, read at SPEEDS): the bundled recognizer's newest version, two manifests."""
     newest = find_models(REPOSITORY, only=[NAME])[NAME].path
-    with decoding_variant(newest, None, True, speeds=[1.0]) as once_dir, \
-            decoding_variant(newest, None, True, speeds=SPEEDS) as read_dir:
+    with decoding_variant(newest, None, True, speeds=[1.0], word_lm=False) as once_dir, \
+            decoding_variant(newest, None, True, speeds=SPEEDS, word_lm=False) as read_dir:
         once, read = _open(once_dir), _open(read_dir)
         yield once, read
         once.close()
@@ -126,10 +119,10 @@ def _request(audio: AudioInput, beam_size: int = 8, attention: bool = True, nbes
                              attention=AttentionOptions(enabled=attention, granularity=AttentionGranularity.PIECES))
 
 
-def test_the_answer_is_the_best_scoring_reading_each_decoded_alone(engines, examples):
+def test_the_answer_is_the_best_scoring_reading_each_decoded_alone(engines, speech_examples):
     once, read = engines
     chosen = []
-    for example in examples:
+    for example in speech_examples:
         samples, rate = _samples(example)
         alone = {s: once.generate(_request(AudioInput(samples=samples, sample_rate_hz=round(rate * s)), nbest=2), WAIT)
                  for s in SPEEDS}
@@ -152,9 +145,9 @@ def test_the_answer_is_the_best_scoring_reading_each_decoded_alone(engines, exam
     assert set(chosen) != {1.0}, "no clip chose another speed: the test would not see the mapping"
 
 
-def test_a_streamed_answer_equals_the_unary_one(engines, examples):
+def test_a_streamed_answer_equals_the_unary_one(engines, speech_examples):
     _, read = engines
-    for example in examples:
+    for example in speech_examples:
         samples, rate = _samples(example)
         request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
         unary = read.generate(request, WAIT)
@@ -166,9 +159,9 @@ def test_a_streamed_answer_equals_the_unary_one(engines, examples):
         np.testing.assert_allclose([t.attention for t in streamed], result.attention.weights, atol=1e-6)
 
 
-def test_greedy_requests_are_read_once(engines, examples):
+def test_greedy_requests_are_read_once(engines, speech_examples):
     once, read = engines
-    samples, rate = _samples(examples[0])
+    samples, rate = _samples(speech_examples[0])
     request = _request(AudioInput(samples=samples, sample_rate_hz=rate), beam_size=1)
     assert read.generate(request, WAIT).text == once.generate(request, WAIT).text
 
@@ -186,10 +179,10 @@ def _spy(engine, monkeypatch) -> list:
     return queued
 
 
-def test_a_clip_too_long_to_slow_down_is_read_at_the_other_speeds(engines, examples, monkeypatch):
+def test_a_clip_too_long_to_slow_down_is_read_at_the_other_speeds(engines, speech_examples, monkeypatch):
     once, read = engines
     queued = _spy(read, monkeypatch)
-    samples, rate = _samples(examples[0])
+    samples, rate = _samples(speech_examples[0])
     window = read.info.audio.max_seconds
     # Repeated up to just under the window: the 0.9 reading would pass it.
     long = np.tile(samples, int(window * rate * 0.97 // len(samples)) + 1)[: int(window * rate * 0.97)]
@@ -212,10 +205,10 @@ def test_a_clip_too_short_to_speed_up_is_read_at_the_other_speeds(engines, monke
     assert served.text == max(alone.values(), key=lambda r: r.nbest[0].score).text
 
 
-def test_cancelling_cancels_every_reading(engines, examples, monkeypatch):
+def test_cancelling_cancels_every_reading(engines, speech_examples, monkeypatch):
     _, read = engines
     queued = _spy(read, monkeypatch)
-    samples, rate = _samples(examples[0])
+    samples, rate = _samples(speech_examples[0])
     futures = [read.submit(_request(AudioInput(samples=samples, sample_rate_hz=rate))) for _ in range(6)]
     for future in futures:
         read.cancel(future)
@@ -230,15 +223,15 @@ def test_cancelling_cancels_every_reading(engines, examples, monkeypatch):
     assert read.queued() == 0
 
 
-def test_an_engine_in_a_child_process_reads_as_in_process(engines, examples):
+def test_an_engine_in_a_child_process_reads_as_in_process(engines, speech_examples):
     """--engine-process: the child prepares and submits the request; its readings answer the same."""
     from attnserve.server.edge import app
 
     _, read = engines
-    samples, rate = _samples(examples[1])
+    samples, rate = _samples(speech_examples[1])
     request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
     newest = find_models(REPOSITORY, only=[NAME])[NAME].path
-    with decoding_variant(newest, None, True, speeds=SPEEDS) as read_dir:
+    with decoding_variant(newest, None, True, speeds=SPEEDS, word_lm=False) as read_dir:
         options = app.ServeOptions(models=str(read_dir.parent.parent), only_models=(NAME,), engine_process=True)
         served, _ = app.load_models(options)
         try:
@@ -250,10 +243,10 @@ def test_an_engine_in_a_child_process_reads_as_in_process(engines, examples):
     assert (child.text, child.words, child.attention.weights) == (alone.text, alone.words, alone.attention.weights)
 
 
-def test_a_request_that_asks_to_be_read_once_is_the_recording_alone(engines, examples, monkeypatch):
+def test_a_request_that_asks_to_be_read_once_is_the_recording_alone(engines, speech_examples, monkeypatch):
     once, read = engines
     queued = _spy(read, monkeypatch)
-    samples, rate = _samples(examples[2])
+    samples, rate = _samples(speech_examples[2])
     request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
     alone = once.generate(request, WAIT)
     asked = dataclasses.replace(request, decoding=dataclasses.replace(request.decoding, read_once=True))

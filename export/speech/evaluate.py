@@ -41,15 +41,21 @@ def voice_group(row: dict) -> str:
 @contextlib.contextmanager
 def decoding_variant(model_dir: pathlib.Path, ctc_weight: float | None, length_hint: bool,
                      lm: pathlib.Path | None = None, lm_weight: float | None = None,
-                     speeds: list[float] | None = None):
+                     speeds: list[float] | None = None, word_lm: bool | dict = True):
     """The version folder as given, or a temporary copy (graphs linked, not copied) whose manifest sets the
     CTC weight of joint decoding, drops the length hint, fuses an n-gram LM (`lm`, else the model's own)
-    with `lm_weight`, or reads each clip at `speeds` ([1.0]: once): decoding choices measured on one
-    exported model."""
-    if ctc_weight is None and length_hint and lm is None and lm_weight is None and speeds is None:
+    with `lm_weight`, reads each clip at `speeds` ([1.0]: once), or drops its word LM (`word_lm` False) or
+    sets its weights (a dict of word_language_model fields): decoding choices measured on one exported model."""
+    if ctc_weight is None and length_hint and lm is None and lm_weight is None and speeds is None and word_lm is True:
         yield model_dir
         return
     manifest = json.loads((model_dir / "manifest.json").read_text())
+    if word_lm is False:
+        manifest.pop("word_language_model", None)
+    elif isinstance(word_lm, dict):
+        if "word_language_model" not in manifest:
+            raise ValueError(f"{model_dir}: the model has no word LM (manifest word_language_model)")
+        manifest["word_language_model"].update(word_lm)
     if speeds is not None:
         manifest.setdefault("decoding", {})["speeds"] = speeds
     if ctc_weight is not None:

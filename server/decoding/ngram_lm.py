@@ -21,6 +21,21 @@ import numpy as np
 FORMAT = "attnserve-ngram-1"
 
 
+def read_tables(path: pathlib.Path, expected_format: str, what: str, read):
+    """`read(data, order)` of an LM's .npz file, whose `format` must be `expected_format`.
+
+    Raises:
+        ValueError: the file is missing or unreadable, or is not one; the message names it and `what` it is not.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if str(data["format"]) != expected_format:
+                raise ValueError(f"format {str(data['format'])!r}, expected {expected_format!r}")
+            return read(data, int(data["order"]))
+    except (OSError, KeyError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable {what}: {exc}") from exc
+
+
 class NgramLanguageModel:
     """Log-probability tables of an n-gram LM over a decoder's token ids; `load` reads one.
 
@@ -46,15 +61,8 @@ class NgramLanguageModel:
             ValueError: the file is missing, unreadable or inconsistent; the message names it.
         """
         path = pathlib.Path(path)
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                if str(data["format"]) != FORMAT:
-                    raise ValueError(f"format {str(data['format'])!r}, expected {FORMAT!r}")
-                order = int(data["order"])
-                keys = [data[f"keys_{k}"] for k in range(order)]
-                log_probs = [data[f"log_probs_{k}"] for k in range(order)]
-        except (OSError, KeyError, ValueError) as exc:
-            raise ValueError(f"{path}: not a readable n-gram language model: {exc}") from exc
+        keys, log_probs = read_tables(path, FORMAT, "n-gram language model", lambda data, order: (
+            [data[f"keys_{k}"] for k in range(order)], [data[f"log_probs_{k}"] for k in range(order)]))
         vocab = {lp.shape[1] if lp.ndim == 2 else None for lp in log_probs}
         if len(vocab) != 1 or any(len(k) != len(lp) for k, lp in zip(keys, log_probs)) or len(keys[0]) != 1:
             raise ValueError(f"{path}: inconsistent n-gram tables (one row per key, one vocabulary, one empty context)")

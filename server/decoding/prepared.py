@@ -60,6 +60,12 @@ class PreparedRequest:
     # Words the search is biased towards (DecodingOptions.hotwords): a hotwords.HotwordBias; None = none.
     hotwords: HotwordBias | None = None
 
+    def forcing(self, ids: tuple[int, ...], **changes) -> PreparedRequest:
+        """This request made one that scores the output `ids` (greedy, one sequence, not reranked), with
+        `changes` on top: how reranking and the word LM get a chosen candidate's own score and attention."""
+        return dataclasses.replace(self, forced_ids=ids, max_new_tokens=len(ids), beam_size=1,
+                                   num_return_sequences=1, reverse_language=None, **changes)
+
     @property
     def keeps_attention(self) -> bool:
         """Whether decoding must keep this request's attention (returned, or read for timestamps)."""

@@ -31,6 +31,7 @@ from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.model.repository import ModelVersion
 from attnserve.server.engine.reranking import Reranker
 from attnserve.server.engine.speed_readings import SpeedReadings
+from attnserve.server.decoding.word_lm import WordLanguageModel, WordRescorer
 from attnserve.server.engine.results import ResultBuilder
 from attnserve.server.model.runtime import Runtime
 from attnserve.server.model.tokenization import Tokenizer
@@ -72,7 +73,7 @@ class ModelEngine:
         loop = self._continuous.run if self._continuous is not None else None
         self._batcher = Batcher(WindowedBatches(handle, results), batching, name=self.manifest.name, loop=loop)
         self._reranker = Reranker(self)
-        self._readings = SpeedReadings(self, self.manifest.decoding.speeds)
+        self._readings = SpeedReadings(self, self.manifest.decoding.speeds, _word_rescorer(model))
         # The server's callback for an engine that ends on its own (service.Engine); this one never does.
         self.on_exit: Callable[[str], None] | None = None
 
@@ -195,3 +196,16 @@ class ModelEngine:
     def close(self, timeout: float | None = None) -> None:
         """Fails queued requests with UnavailableError, finishes the running batch, stops the worker."""
         self._batcher.close(timeout)
+
+
+def _word_rescorer(model: ModelVersion) -> WordRescorer | None:
+    """The manifest's word LM, loaded, as the rescorer of its candidates; None when it names none.
+
+    Raises:
+        ValueError: the LM file is unreadable (the message names it).
+    """
+    spec = model.manifest.word_language_model
+    if spec is None:
+        return None
+    return WordRescorer(WordLanguageModel.load(model.path / spec.file), spec.weight, spec.word_bonus,
+                        spec.unknown_penalty)

@@ -97,7 +97,7 @@ class Reranker:
         candidates = beam.nbest  # every beam's candidate: prepare() asked for beam_size sequences
         start = self._engine.manifest.decoder_start[prepared.reverse_language]
         backward = [
-            _forcing(prepared, source_ids, source=TextSource(tuple(t.id for t in c.tokens) + (eos,)),
+            prepared.forcing(source_ids, source=TextSource(tuple(t.id for t in c.tokens) + (eos,)),
                      target_language=prepared.reverse_language, start_id=start, attention_layer=None,
                      timestamp_layer=None, min_new_tokens=0, no_repeat_ngram_size=0, sampling=None,
                      hotwords=None)
@@ -128,7 +128,7 @@ class Reranker:
         if winner.finish_reason is FinishReason.EOS:
             ids += (self._engine.manifest.special_tokens.eos,)
         # The request's own rules stay: the beam's log-probabilities were taken under them.
-        future = self._engine.submit_prepared(_forcing(prepared, ids), None, None, admitted=True)
+        future = self._engine.submit_prepared(prepared.forcing(ids), None, None, admitted=True)
         self._run(job, [future], lambda results: self._answer(job, beam, results[0], nbest))
 
     def _answer(self, job: _Rerank, beam: GenerationResult, result: GenerationResult,
@@ -139,13 +139,6 @@ class Reranker:
         timings = dataclasses.replace(beam.timings, total_seconds=total,
                                       decode_seconds=beam.timings.decode_seconds + total - beam.timings.total_seconds)
         settle(job.outer, dataclasses.replace(result, timings=timings, nbest=nbest))
-
-
-def _forcing(prepared: PreparedRequest, ids: tuple[int, ...], **changes) -> PreparedRequest:
-    """`prepared` made a request that scores the output `ids` (greedy, one sequence, not reranked again),
-    with `changes` on top."""
-    return dataclasses.replace(prepared, forced_ids=ids, max_new_tokens=len(ids), beam_size=1,
-                               num_return_sequences=1, reverse_language=None, **changes)
 
 
 def _summed_logprob(forced: GenerationResult) -> float:

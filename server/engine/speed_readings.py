@@ -16,6 +16,13 @@ Greedy and sampled requests decode once (no score to compare), as do requests th
 (`DecodingOptions.read_once`: a third of the compute). A reading the preprocessor refuses is skipped: a clip
 near the window is not slowed down, nor a clip of a few milliseconds sped up. Follow-up readings are part of
 an accepted request, so a full queue never refuses them; cancelling the request cancels every reading.
+
+A model whose manifest names a `word_language_model` chooses among every candidate of every reading instead
+(each reading then returns all its beams' candidates): the highest summed log-probability + the word LM's
+weighted score (server/decoding/word_lm.py), a request read once included. When the winner is not its
+reading's best sequence, one more round forces it through the model at its reading's speed, so that its
+attention, word times and confidences are its own. The n best it returns are then its reading's candidates
+in that order, each with the search's own score.
 """
 
 from __future__ import annotations
@@ -32,11 +39,14 @@ import numpy as np
 from attnserve.api.generation import (
     AttentionMatrix,
     AudioInput,
+    FinishReason,
     GenerationResult,
+    ScoredSequence,
     StreamedToken,
 )
 from attnserve.server.attention.explanation import explain
 from attnserve.server.decoding.prepared import PreparedRequest
+from attnserve.server.decoding.word_lm import WordRescorer
 from attnserve.server.engine.joined import InFlight, settle, when_all_done
 
 if TYPE_CHECKING:
@@ -76,6 +86,7 @@ class _Job:
     on_token: Callable[[StreamedToken], None] | None
     outer: Future
     started: float
+    forced: Future | None = None  # the word LM's winner forced through the model, when it needs its own round
 
 
 class SpeedReadings:
@@ -87,30 +98,33 @@ class SpeedReadings:
         speeds: the manifest's `decoding.speeds`.
     """
 
-    def __init__(self, engine: ModelEngine, speeds: Sequence[float]):
+    def __init__(self, engine: ModelEngine, speeds: Sequence[float], rescorer: WordRescorer | None = None):
         self._engine = engine
         self._speeds = [1.0] + [s for s in speeds if s != 1.0]  # the recording first: it wins ties
+        self._rescorer = rescorer
         self._in_flight = InFlight()
 
     def applies(self, prepared: PreparedRequest) -> bool:
-        """Whether `prepared` (the recording as given) is read at more than one speed. Only audio models'
-        manifests may name speeds, and their requests all carry audio."""
-        return (len(self._speeds) > 1 and prepared.speed is None and not prepared.request.decoding.read_once
-                and prepared.beam_size > 1 and prepared.sampling is None and prepared.forced_ids is None)
+        """Whether `prepared` (the recording as given) is read at more than one speed or its candidates are
+        rescored. Only audio models' manifests may name speeds or a word LM, and their requests all carry audio."""
+        return ((len(self._speeds) > 1 or self._rescorer is not None) and prepared.speed is None
+                and prepared.beam_size > 1 and prepared.sampling is None and prepared.forced_ids is None
+                and (self._rescorer is not None or not prepared.request.decoding.read_once))
 
     def submit(self, prepared: PreparedRequest, on_token: Callable[[StreamedToken], None] | None,
                on_start: Callable[[], None] | None) -> Future[GenerationResult]:
         """Queues every reading of `prepared` (see applies); returns the request's future."""
         started = time.perf_counter()
-        readings = [_Reading(1.0, _scored(prepared, 1.0))]
+        every = self._rescorer is not None  # every beam's candidate comes back, to be rescored
+        readings = [_Reading(1.0, _scored(prepared, 1.0, every))]
         samples, rate = self._engine.preprocessor.samples(prepared.request.audio)
-        for speed in self._speeds[1:]:
+        for speed in self._speeds[1:] if not prepared.request.decoding.read_once else []:
             audio = AudioInput(samples=samples, sample_rate_hz=round(rate * speed))
             try:
                 other = self._engine.prepare(dataclasses.replace(prepared.request, audio=audio))
             except ValueError:  # slowed past the window, or sped below one analysis window: not read
                 continue
-            readings.append(_Reading(speed, _scored(other, speed)))
+            readings.append(_Reading(speed, _scored(other, speed, every)))
         job = _Job(readings, on_token, Future(), started)
         # The recording itself first; a full queue refuses it, and then nothing is kept.
         for i, reading in enumerate(readings):
@@ -131,27 +145,65 @@ class SpeedReadings:
         job = self._in_flight.get(future)
         if job is None:
             return False
-        for reading in job.readings:
-            self._engine.cancel(reading.future)
+        for running in [r.future for r in job.readings] + ([job.forced] if job.forced is not None else []):
+            self._engine.cancel(running)
         job.outer.cancel()
         return True
 
     def _finish(self, job: _Job, results: list[GenerationResult]) -> None:
-        """Answers with the best-scoring reading (streaming its tokens first, as beam search does)."""
+        """Answers with the best-scoring reading (streaming its tokens first, as beam search does), or with
+        the candidate the word LM ranks first."""
+        if self._rescorer is not None:
+            self._rescore(job, results)
+            return
         best = max(range(len(results)), key=lambda i: (results[i].nbest[0].score, -i))
-        result, tokens = self._as_recorded(job, results[0], results[best], job.readings[best])
+        self._answer(job, results[0], results[best], job.readings[best], job.readings[best].streamed)
+
+    def _answer(self, job: _Job, recording: GenerationResult, winner: GenerationResult, reading: _Reading,
+                streamed: list[StreamedToken], nbest: list[ScoredSequence] | None = None) -> None:
+        result, tokens = self._as_recorded(job, recording, winner, reading, streamed, nbest)
         for token in tokens:
             job.on_token(token)
         settle(job.outer, result)
 
-    def _as_recorded(self, job: _Job, recording: GenerationResult, winner: GenerationResult,
-                     reading: _Reading) -> tuple[GenerationResult, list[StreamedToken]]:
-        """The winning reading's result and streamed tokens in the recording's time and columns."""
+    def _rescore(self, job: _Job, results: list[GenerationResult]) -> None:
+        """Every reading's candidates ranked by the word LM; the winner forced through the model when it is
+        not its reading's best sequence."""
+        hotwords = frozenset(w for phrase in job.readings[0].prepared.request.decoding.hotwords for w in phrase.split())
+        ranked = sorted(((self._rescorer.score(c, hotwords), i, j) for i, r in enumerate(results)
+                         for j, c in enumerate(r.nbest)),
+                        key=lambda x: (-x[0], x[1], x[2]))  # ties: the recording first, then the beam's order
+        _, i, j = ranked[0]
+        reading, winner = job.readings[i], results[i].nbest[j]
+        nbest = [results[i].nbest[k] for _, reading_index, k in ranked if reading_index == i]
+        if j == 0:
+            self._answer(job, results[0], results[i], reading, reading.streamed, nbest)
+            return
+        ids = tuple(t.id for t in winner.tokens)
+        if winner.finish_reason is FinishReason.EOS:
+            ids += (self._engine.manifest.special_tokens.eos,)
+        streamed: list[StreamedToken] = []
+        # The request's own rules stay (hotwords among them): its candidates were scored under them.
+        job.forced = self._engine.submit_prepared(reading.prepared.forcing(ids),
+                                                  streamed.append if job.on_token is not None else None, None,
+                                                  admitted=True)
+        if job.outer.done():  # cancelled while the readings finished: the forced round is not needed
+            self._engine.cancel(job.forced)
+            return
+        when_all_done(job.outer, [job.forced],
+                      lambda done: self._answer(job, results[0], done[0], reading, streamed, nbest))
+
+    def _as_recorded(self, job: _Job, recording: GenerationResult, winner: GenerationResult, reading: _Reading,
+                     streamed: list[StreamedToken], nbest: list[ScoredSequence] | None
+                     ) -> tuple[GenerationResult, list[StreamedToken]]:
+        """The winning reading's result and streamed tokens in the recording's time and columns; `nbest`:
+        the candidates in the order chosen (None: the winner's own)."""
         wanted = job.readings[0].prepared.request.decoding.num_return_sequences
         total = time.perf_counter() - job.started
         timings = dataclasses.replace(winner.timings, total_seconds=total)
-        result = dataclasses.replace(winner, nbest=winner.nbest[:wanted] if wanted > 1 else [], timings=timings)
-        tokens = reading.streamed if job.on_token is not None else []
+        ranked = winner.nbest if nbest is None else nbest
+        result = dataclasses.replace(winner, nbest=ranked[:wanted] if wanted > 1 else [], timings=timings)
+        tokens = streamed if job.on_token is not None else []
         if reading.speed == 1.0:
             return result, tokens
         preprocessor, speed = self._engine.preprocessor, reading.speed
@@ -172,8 +224,9 @@ class SpeedReadings:
         return result, tokens
 
 
-def _scored(prepared: PreparedRequest, speed: float) -> PreparedRequest:
+def _scored(prepared: PreparedRequest, speed: float, every: bool) -> PreparedRequest:
     """`prepared` as the reading at `speed`, returning its best sequence's score (n-best of at least 2) so
-    that readings compare."""
-    return dataclasses.replace(prepared, speed=speed, num_return_sequences=max(2, prepared.num_return_sequences))
+    that readings compare, or `every` beam's candidate for the word LM."""
+    least = prepared.beam_size if every else 2
+    return dataclasses.replace(prepared, speed=speed, num_return_sequences=max(least, prepared.num_return_sequences))
 

@@ -140,6 +140,18 @@ class LanguageModelSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class WordLanguageModelSpec:
+    """A word n-gram LM that chooses among an audio model's finished candidates (server/decoding/word_lm.py,
+    server/engine/speed_readings.py): each candidate of every reading is ranked by its summed log-probability +
+    weight x its LM log-probability + word_bonus x its words - unknown_penalty x its words outside the LM."""
+
+    file: str  # in the version folder, written by export/common/word_ngram_build.py
+    weight: float = 0.4
+    word_bonus: float = 0.5
+    unknown_penalty: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class EncoderSpec:
     file: str
     # Role of each encoder input (as the model's input kind names them, e.g. "input_ids") -> graph input name.
@@ -243,6 +255,8 @@ class Manifest:
     variants: Mapping[str, Variant] = dataclasses.field(default_factory=dict)
     # Optional LM whose scores join the decoder's at every step (docs/model-contract.md).
     language_model: LanguageModelSpec | None = None
+    # Optional word LM that chooses among an audio model's beam-searched candidates.
+    word_language_model: WordLanguageModelSpec | None = None
     decoding: DecodingDefaults = DecodingDefaults()
     # Target language -> a token put before the text of the source (a multilingual Marian model reads the
     # language it should write, `>>cmn_Hant<<`, at the start of its input); empty for other models.
@@ -396,6 +410,7 @@ def parse_manifest(data: Any, where: str = "manifest.json") -> Manifest:
         input=input_spec,
         variants=_variants(r),
         language_model=_language_model(r),
+        word_language_model=_word_language_model(r, input_spec),
         decoding=_decoding_defaults(r, input_spec),
         source_prefix=_optional_tokens(r, "source_prefix"),
         source_language_prefix=_optional_tokens(r, "source_language_prefix"),
@@ -426,6 +441,20 @@ def _language_model(r: FieldReader) -> LanguageModelSpec | None:
     if weight > 1:
         lm.fail_field("weight", f"must be in [0, 1], got {weight}")
     return LanguageModelSpec(lm.string("file"), weight)
+
+
+def _word_language_model(r: FieldReader, spec: InputSpec) -> WordLanguageModelSpec | None:
+    if "word_language_model" not in r.data:
+        return None
+    lm = r.obj("word_language_model")
+    if spec.kind != "audio":
+        r.fail_field("word_language_model", f"applies to audio input, not {spec.kind}")
+    weight = lm.number("weight", default=WordLanguageModelSpec.weight)
+    if not 0 <= weight <= 10:
+        lm.fail_field("weight", f"must be in [0, 10], got {weight}")
+    return WordLanguageModelSpec(lm.string("file"), weight,
+                                 lm.number("word_bonus", default=WordLanguageModelSpec.word_bonus),
+                                 lm.number("unknown_penalty", default=WordLanguageModelSpec.unknown_penalty))
 
 
 def _decoding_defaults(r: FieldReader, spec: InputSpec) -> DecodingDefaults:

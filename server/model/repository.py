@@ -165,6 +165,7 @@ def load_model_version(folder: pathlib.Path) -> ModelVersion:
         ("tokenizer.file", manifest.tokenizer.file),
         *variant_files,
         *([("language_model.file", manifest.language_model.file)] if manifest.language_model else []),
+        *([("word_language_model.file", manifest.word_language_model.file)] if manifest.word_language_model else []),
         *([("tokenizer.source.file", manifest.tokenizer.source.file),
            ("tokenizer.source.vocab", manifest.tokenizer.source.vocab)] if manifest.tokenizer.source else []),
     ):
