@@ -10,8 +10,9 @@ Every clip is decoded through the served engine without a word LM, once per spee
 rescoring is then done here, as the server does it (server/decoding/word_lm.py WordRescorer over every
 reading's candidates, the recording first and the beam's order breaking ties), for every weight of a grid.
 The weights with the lowest mean WER over the `--split`s are chosen; `--report-split`s are scored with them
-only, never used to choose. "served" is the model's search without the LM (the reading whose best sequence
-scores highest).
+only, never used to choose. "without_word_lm" is the reading whose best sequence scores highest, as the
+model answers without the LM; asking for every beam's candidate can end a beam search later than asking for
+two, so it may differ a little from the served search without the LM (export/speech/evaluate_real.py).
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def candidates(engine, corpus: pathlib.Path, rows: list[dict], speeds: list[floa
     return clips
 
 
-def served(clips: list[Clip]) -> list[str]:
-    """The search without a word LM: the reading whose best sequence scores highest, the recording on ties."""
+def without_word_lm(clips: list[Clip]) -> list[str]:
+    """The reading whose best sequence scores highest, the recording on ties (the choice without a word LM)."""
     out = []
     for clip in clips:
         bests = [r[0] for r in clip.readings if r]
@@ -122,7 +123,7 @@ def main() -> None:
     report = {
         "model": str(args.model_dir), "lm": str(args.lm), "speeds": speeds, "beams": beams, "chosen_on": choosing,
         "chosen": {k: best[k] for k in ("weight", "word_bonus", "unknown_penalty")},
-        "splits": {name: {"clips": len(clips), "served": scores(served(clips), clips),
+        "splits": {name: {"clips": len(clips), "without_word_lm": scores(without_word_lm(clips), clips),
                           "with_word_lm": scores(rescored(clips, rescorer), clips)} for name, clips in decoded.items()},
         "grid_best_10": grid[:10],
     }
