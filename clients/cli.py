@@ -644,6 +644,7 @@ def _input_line(info: ModelInfo) -> str:
                      "bytes)") if a.long_form_max_seconds else ""
         speeds = len(a.speeds) > 1  # beam search reads each recording at these speeds (--read-once: at 1.0)
         readings = f"; read at speeds {', '.join(f'{s:g}' for s in a.speeds)}" if speeds else ""
+        readings += "; candidates rescored with a word LM" if a.word_lm else ""
         return (
             f"audio ({files} or samples, resampled to {a.sample_rate_hz} Hz), at most {a.max_seconds:g} s and "
             f"{a.max_bytes} bytes{long_form}; {a.seconds_per_column:g} s per attention column{readings}"

@@ -258,6 +258,7 @@ def test_a_request_that_asks_to_be_read_once_is_the_recording_alone(engines, spe
 def test_get_model_states_the_speeds_and_the_wire_keeps_them_and_read_once(engines):
     once, read = engines
     assert read.info.audio.speeds == tuple(SPEEDS) and once.info.audio.speeds == (1.0,)
+    assert not read.info.audio.word_lm  # its manifest copy leaves the word LM out
     assert convert.model_info_from_proto(convert.model_info_to_proto(read.info)) == read.info
     request = GenerationRequest(NAME, audio=AudioInput(wav=b"RIFF"), decoding=DecodingOptions(read_once=True))
     assert convert.request_from_proto(convert.request_to_proto(request)).decoding.read_once

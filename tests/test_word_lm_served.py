@@ -161,3 +161,12 @@ def test_a_requests_hotwords_are_free_in_the_rescoring_as_offline(engines, speec
         alone = plain.generate(request, WAIT)  # the same search, hotwords included
         best = max(enumerate(alone.nbest), key=lambda jc: (rescorer.score(jc[1], set(hotwords)), -jc[0]))[1]
         assert rescored.generate(request, WAIT).text == best.text
+
+
+def test_get_model_says_the_candidates_are_rescored_and_the_wire_keeps_it(engines):
+    from attnserve.api import convert
+
+    plain, rescored, _ = engines
+    assert rescored.info.audio.word_lm and not plain.info.audio.word_lm
+    assert convert.model_info_from_proto(convert.model_info_to_proto(rescored.info)).audio.word_lm
+

@@ -301,7 +301,8 @@ class AudioPreprocessor(Preprocessor):
         rate = spec.features.sample_rate_hz
         longest = frame_count(math.floor(spec.max_seconds * rate), spec.features)
         audio = AudioInputInfo(rate, spec.max_seconds, spec.max_bytes, spec.seconds_per_column,
-                               speeds=self.manifest.decoding.speeds)
+                               speeds=self.manifest.decoding.speeds,
+                               word_lm=self.manifest.word_language_model is not None)
         return dataclasses.replace(
             info, input_kind=self.kind, max_source_tokens=-(-longest // spec.time_reduction), audio=audio
         )

@@ -347,6 +347,8 @@ class AudioInputInfo:
     # Playback speeds a beam-searched recording is decoded at, the best-scoring reading answering
     # (server/engine/speed_readings.py); (1.0,) or () (an older server) = once.
     speeds: tuple[float, ...] = ()
+    # Whether beam-searched candidates are rescored with the model's word LM (server/decoding/word_lm.py).
+    word_lm: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
