@@ -99,7 +99,8 @@ def main() -> None:
         "ngrams": [len(k) for k in model.keys], "megabytes": round(args.out.stat().st_size / 2**20, 1),
         "sources": {name: {"sentences": len(found), "words": sum(len(s.split()) for s in found),
                            "dropped_as_held_out": len(sources[name]) - len(found)} for name, found in kept.items()},
-        "held_out": {p.stem: perplexity(model, [r["text"] for r in manifest.read(p)]) for p in args.exclude},
+        "held_out": {f"{p.parent.name}/{p.stem}": perplexity(model, [r["text"] for r in manifest.read(p)])
+                     for p in args.exclude},
     }
     emit(report, args.report)
 
