@@ -237,5 +237,6 @@ def test_describe_states_the_kind_and_limits(pre):
         # Long-form limits and other formats are the server's (server/engine/longform.py), not the preprocessor's.
         "long_form_max_seconds": 0.0, "long_form_max_bytes": 0, "formats": (),
         "speeds": (1.0,),  # the manifest's decoding.speeds: none named, the recording alone
+        "word_lm": False,  # no word_language_model named
     }
     assert info.max_source_tokens == math.ceil(198 / 4)  # 2 s: 198 frames
