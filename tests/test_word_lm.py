@@ -185,3 +185,16 @@ def test_a_requests_hotwords_cost_nothing_and_are_not_unknown():
     candidate = _candidate("the zebra sat", -0.5, 13)
     assert rescorer.score(candidate, {"zebra"}) - rescorer.score(candidate) == pytest.approx(
         -0.5 * model.unknown_log_prob + 1.0)
+
+
+def test_the_weight_search_rescores_as_the_server_does_the_recording_first_on_ties():
+    from attnserve.export.speech.word_lm_eval import Clip, rescored, without_word_lm
+
+    model = build(_sentences(), 3)
+    a, b = _candidate("the cat sat", -1.0, 11), _candidate("the cap sad", -0.9, 11)
+    c = _candidate("the cap sat", -0.9, 11)  # as likely as b to the search
+    clip = Clip("the cat sat", [[b, a], [c, a]])  # two readings: the recording's, another speed's
+    assert without_word_lm([clip]) == ["the cap sad"]  # the best score, the recording's on a tie
+    assert rescored([clip], WordRescorer(model, 0.0, 0.0, 0.0)) == ["the cap sad"]
+    assert rescored([clip], WordRescorer(model, 2.0, 0.0, 0.0)) == ["the cat sat"]  # the LM knows "cat sat"
+    assert rescored([Clip("x", [[], []])], WordRescorer(model, 1.0, 0.0, 0.0)) == [""]  # no reading answered
