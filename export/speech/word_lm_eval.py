@@ -11,8 +11,7 @@ rescoring is then done here, as the server does it (server/decoding/word_lm.py W
 reading's candidates, the recording first and the beam's order breaking ties), for every weight of a grid.
 The weights with the lowest mean WER over the `--split`s are chosen; `--report-split`s are scored with them
 only, never used to choose. "without_word_lm" is the reading whose best sequence scores highest, as the
-model answers without the LM; asking for every beam's candidate can end a beam search later than asking for
-two, so it may differ a little from the served search without the LM (export/speech/evaluate_real.py).
+model answers without the LM.
 """
 
 from __future__ import annotations
