@@ -88,3 +88,18 @@ def served(serve_command: Sequence[str], models: str, cwd: str | None = None, en
             if process.poll() is None:
                 process.kill()
             process.wait()
+
+
+def generate_in_engine_process(model_dir, request, wait: float = WAIT):
+    """`request` answered by the model of a version folder loaded as `attnserve serve --engine-process` loads
+    it (the engine in a child process behind a proxy)."""
+    from attnserve.server.edge import app
+
+    options = app.ServeOptions(models=str(model_dir.parent.parent), only_models=(model_dir.parent.name,),
+                               engine_process=True)
+    engines, _ = app.load_models(options)
+    try:
+        return engines[model_dir.parent.name].generate(request, wait)
+    finally:
+        for engine in engines.values():
+            engine.close()

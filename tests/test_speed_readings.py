@@ -22,6 +22,7 @@ from attnserve.server.inputs.audio import read_wav
 from attnserve.server.model.manifest import parse_manifest
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
+from served_process import generate_in_engine_process
 
 REPOSITORY = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
 NAME = "speech-en"
@@ -225,20 +226,12 @@ def test_cancelling_cancels_every_reading(engines, speech_examples, monkeypatch)
 
 def test_an_engine_in_a_child_process_reads_as_in_process(engines, speech_examples):
     """--engine-process: the child prepares and submits the request; its readings answer the same."""
-    from attnserve.server.edge import app
-
     _, read = engines
     samples, rate = _samples(speech_examples[1])
     request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
     newest = find_models(REPOSITORY, only=[NAME])[NAME].path
     with decoding_variant(newest, None, True, speeds=SPEEDS, word_lm=False) as read_dir:
-        options = app.ServeOptions(models=str(read_dir.parent.parent), only_models=(NAME,), engine_process=True)
-        served, _ = app.load_models(options)
-        try:
-            child = served[NAME].generate(request, WAIT)
-        finally:
-            for engine in served.values():
-                engine.close()
+        child = generate_in_engine_process(read_dir, request, WAIT)
     alone = read.generate(request, WAIT)
     assert (child.text, child.words, child.attention.weights) == (alone.text, alone.words, alone.attention.weights)
 

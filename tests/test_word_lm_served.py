@@ -21,6 +21,7 @@ from attnserve.server.engine.registry import load_engine
 from attnserve.server.inputs.audio import read_wav
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
+from served_process import generate_in_engine_process
 
 REPOSITORY = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
 NAME = "speech-en"
@@ -170,3 +171,15 @@ def test_get_model_says_the_candidates_are_rescored_and_the_wire_keeps_it(engine
     assert rescored.info.audio.word_lm and not plain.info.audio.word_lm
     assert convert.model_info_from_proto(convert.model_info_to_proto(rescored.info)).audio.word_lm
 
+
+
+def test_an_engine_in_a_child_process_rescores_as_in_process(engines, speech_examples):
+    """--engine-process: the child loads the word LM from the manifest and answers the same."""
+    _, rescored, _ = engines
+    samples, rate = _samples(speech_examples[1])
+    request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
+    newest = find_models(REPOSITORY, only=[NAME])[NAME].path
+    with decoding_variant(newest, None, True, speeds=SPEEDS, word_lm=WEIGHTS) as rescored_dir:
+        child = generate_in_engine_process(rescored_dir, request, WAIT)
+    alone = rescored.generate(request, WAIT)
+    assert (child.text, child.words, child.attention.weights) == (alone.text, alone.words, alone.attention.weights)
