@@ -5,7 +5,6 @@ batched."""
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import pathlib
 

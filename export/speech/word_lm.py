@@ -17,7 +17,6 @@ LM's perplexity on the excluded transcripts.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import re
 from collections.abc import Iterable, Iterator
