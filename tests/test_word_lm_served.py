@@ -183,3 +183,18 @@ def test_an_engine_in_a_child_process_rescores_as_in_process(engines, speech_exa
         child = generate_in_engine_process(rescored_dir, request, WAIT)
     alone = rescored.generate(request, WAIT)
     assert (child.text, child.words, child.attention.weights) == (alone.text, alone.words, alone.attention.weights)
+
+
+def test_a_model_whose_word_lm_file_is_not_one_fails_to_load_naming_it(tmp_path):
+    newest = find_models(REPOSITORY, only=[NAME])[NAME].path
+    manifest = json.loads((newest / "manifest.json").read_text())
+    if "word_language_model" not in manifest:
+        pytest.skip("the bundled speech model names no word LM")
+    folder = tmp_path / NAME / newest.name
+    folder.mkdir(parents=True)
+    for f in newest.iterdir():
+        if f.name != manifest["word_language_model"]["file"]:
+            (folder / f.name).symlink_to(f.resolve())
+    (folder / manifest["word_language_model"]["file"]).write_bytes(b"not an npz file")
+    with pytest.raises(ValueError, match=f"{manifest['word_language_model']['file']}.*not a readable word language model"):
+        _open(folder)
