@@ -1,16 +1,25 @@
-"""Spoken test clips made here: espeak-ng reads a sentence, resampled to 16 kHz (tests skip without it)."""
+"""Spoken test clips: made here (espeak-ng reads a sentence, resampled to 16 kHz; tests skip without it), or
+the bundled speech model's example clips, and that model opened as the speech tests open it."""
 
 from __future__ import annotations
 
+import os
+import pathlib
 import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
+from attnserve.server.engine.batcher import BatchingOptions
+from attnserve.server.engine.registry import load_engine
 from attnserve.server.inputs.audio import read_wav, resample
+from attnserve.server.model.repository import find_models
+from attnserve.server.model.runtime import RuntimeOptions
 
 RATE = 16000
+BUNDLED = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
+SPEECH = "speech-en"
 
 
 def espeak(text: str, voice: str = "en-us", speed: int = 165) -> np.ndarray:
@@ -50,3 +59,17 @@ def recording(clips: list[np.ndarray], pauses: list[float], noise: float = 0.0, 
             t += len(clips[i])
     x = np.concatenate(parts)
     return (x + noise * rng.standard_normal(len(x)).astype(np.float32)), spans
+
+
+def example_samples(example: dict) -> tuple[np.ndarray, int]:
+    """(float32 samples, sample rate) of one of the bundled speech model's examples (examples.json rows)."""
+    wav = read_wav((BUNDLED / SPEECH / "examples" / example["file"]).read_bytes())
+    return wav.samples().astype(np.float32), wav.sample_rate_hz
+
+
+def open_speech_version(model_dir: pathlib.Path):
+    """The speech model of a version folder (models/speech-en/N, or a variant copy of one), in process, with
+    batches of up to 8 gathered for 100 ms."""
+    return load_engine(find_models(model_dir.parent.parent)[SPEECH], RuntimeOptions(),
+                       BatchingOptions(max_batch_size=8, window_ms=100.0))
+

@@ -15,18 +15,14 @@ from attnserve.api import convert
 from attnserve.api.generation import (AttentionGranularity, AttentionOptions, AudioInput, DecodingOptions,
                                       GenerationRequest)
 from attnserve.export.speech.evaluate import decoding_variant
-from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.engine.registry import load_engine
 from attnserve.server.engine.speed_readings import column_map
-from attnserve.server.inputs.audio import read_wav
 from attnserve.server.model.manifest import parse_manifest
 from attnserve.server.model.repository import find_models
-from attnserve.server.model.runtime import RuntimeOptions
 from served_process import generate_in_engine_process
+from speech_clips import example_samples, open_speech_version
 
 REPOSITORY = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
 NAME = "speech-en"
-EXAMPLES = REPOSITORY / NAME / "examples"
 SPEEDS = [1.0, 0.9, 1.1]
 WAIT = 120
 
@@ -92,26 +88,16 @@ def test_speeds_of_a_model_that_reads_text_are_refused():
         parse_manifest(manifest, "manifest.json")
 
 
-def _open(model_dir: pathlib.Path):
-    return load_engine(find_models(model_dir.parent.parent)[NAME], RuntimeOptions(),
-                       BatchingOptions(max_batch_size=8, window_ms=100.0))
-
-
 @pytest.fixture(scope="module")
 def engines(speech_examples):
     """(read once, read at SPEEDS): the bundled recognizer's newest version, two manifests."""
     newest = find_models(REPOSITORY, only=[NAME])[NAME].path
     with decoding_variant(newest, None, True, speeds=[1.0], word_lm=False) as once_dir, \
             decoding_variant(newest, None, True, speeds=SPEEDS, word_lm=False) as read_dir:
-        once, read = _open(once_dir), _open(read_dir)
+        once, read = open_speech_version(once_dir), open_speech_version(read_dir)
         yield once, read
         once.close()
         read.close()
-
-
-def _samples(example: dict) -> tuple[np.ndarray, int]:
-    wav = read_wav((EXAMPLES / example["file"]).read_bytes())
-    return wav.samples().astype(np.float32), wav.sample_rate_hz
 
 
 def _request(audio: AudioInput, beam_size: int = 8, attention: bool = True, nbest: int = 1) -> GenerationRequest:
@@ -124,7 +110,7 @@ def test_the_answer_is_the_best_scoring_reading_each_decoded_alone(engines, spee
     once, read = engines
     chosen = []
     for example in speech_examples:
-        samples, rate = _samples(example)
+        samples, rate = example_samples(example)
         alone = {s: once.generate(_request(AudioInput(samples=samples, sample_rate_hz=round(rate * s)), nbest=2), WAIT)
                  for s in SPEEDS}
         best = max(SPEEDS, key=lambda s: alone[s].nbest[0].score)  # SPEEDS starts with 1.0: it wins ties
@@ -149,7 +135,7 @@ def test_the_answer_is_the_best_scoring_reading_each_decoded_alone(engines, spee
 def test_a_streamed_answer_equals_the_unary_one(engines, speech_examples):
     _, read = engines
     for example in speech_examples:
-        samples, rate = _samples(example)
+        samples, rate = example_samples(example)
         request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
         unary = read.generate(request, WAIT)
         streamed = []
@@ -162,7 +148,7 @@ def test_a_streamed_answer_equals_the_unary_one(engines, speech_examples):
 
 def test_greedy_requests_are_read_once(engines, speech_examples):
     once, read = engines
-    samples, rate = _samples(speech_examples[0])
+    samples, rate = example_samples(speech_examples[0])
     request = _request(AudioInput(samples=samples, sample_rate_hz=rate), beam_size=1)
     assert read.generate(request, WAIT).text == once.generate(request, WAIT).text
 
@@ -183,7 +169,7 @@ def _spy(engine, monkeypatch) -> list:
 def test_a_clip_too_long_to_slow_down_is_read_at_the_other_speeds(engines, speech_examples, monkeypatch):
     once, read = engines
     queued = _spy(read, monkeypatch)
-    samples, rate = _samples(speech_examples[0])
+    samples, rate = example_samples(speech_examples[0])
     window = read.info.audio.max_seconds
     # Repeated up to just under the window: the 0.9 reading would pass it.
     long = np.tile(samples, int(window * rate * 0.97 // len(samples)) + 1)[: int(window * rate * 0.97)]
@@ -209,7 +195,7 @@ def test_a_clip_too_short_to_speed_up_is_read_at_the_other_speeds(engines, monke
 def test_cancelling_cancels_every_reading(engines, speech_examples, monkeypatch):
     _, read = engines
     queued = _spy(read, monkeypatch)
-    samples, rate = _samples(speech_examples[0])
+    samples, rate = example_samples(speech_examples[0])
     futures = [read.submit(_request(AudioInput(samples=samples, sample_rate_hz=rate))) for _ in range(6)]
     for future in futures:
         read.cancel(future)
@@ -227,7 +213,7 @@ def test_cancelling_cancels_every_reading(engines, speech_examples, monkeypatch)
 def test_an_engine_in_a_child_process_reads_as_in_process(engines, speech_examples):
     """--engine-process: the child prepares and submits the request; its readings answer the same."""
     _, read = engines
-    samples, rate = _samples(speech_examples[1])
+    samples, rate = example_samples(speech_examples[1])
     request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
     newest = find_models(REPOSITORY, only=[NAME])[NAME].path
     with decoding_variant(newest, None, True, speeds=SPEEDS, word_lm=False) as read_dir:
@@ -239,7 +225,7 @@ def test_an_engine_in_a_child_process_reads_as_in_process(engines, speech_exampl
 def test_a_request_that_asks_to_be_read_once_is_the_recording_alone(engines, speech_examples, monkeypatch):
     once, read = engines
     queued = _spy(read, monkeypatch)
-    samples, rate = _samples(speech_examples[2])
+    samples, rate = example_samples(speech_examples[2])
     request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
     alone = once.generate(request, WAIT)
     asked = dataclasses.replace(request, decoding=dataclasses.replace(request.decoding, read_once=True))

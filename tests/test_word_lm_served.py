@@ -16,26 +16,17 @@ from attnserve.api.generation import (AttentionGranularity, AttentionOptions, Au
                                       GenerationRequest)
 from attnserve.export.speech.evaluate import decoding_variant
 from attnserve.server.decoding.word_lm import WordLanguageModel, WordRescorer
-from attnserve.server.engine.batcher import BatchingOptions
-from attnserve.server.engine.registry import load_engine
-from attnserve.server.inputs.audio import read_wav
 from attnserve.server.model.repository import find_models
-from attnserve.server.model.runtime import RuntimeOptions
 from served_process import generate_in_engine_process
+from speech_clips import example_samples, open_speech_version
 
 REPOSITORY = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
 NAME = "speech-en"
-EXAMPLES = REPOSITORY / NAME / "examples"
 SPEEDS = [1.0, 0.9, 1.1]
 BEAMS = 8
 # Heavier than the served weights, so that on these few clips the LM overrules the search's own best.
 WEIGHTS = {"weight": 1.0, "word_bonus": 1.0, "unknown_penalty": 3.0}
 WAIT = 120
-
-
-def _open(model_dir: pathlib.Path):
-    return load_engine(find_models(model_dir.parent.parent)[NAME], RuntimeOptions(),
-                       BatchingOptions(max_batch_size=8, window_ms=100.0))
 
 
 @pytest.fixture(scope="module")
@@ -48,15 +39,10 @@ def engines(speech_examples):
     model = WordLanguageModel.load(newest / manifest["word_language_model"]["file"])
     with decoding_variant(newest, None, True, speeds=[1.0], word_lm=False) as plain_dir, \
             decoding_variant(newest, None, True, speeds=SPEEDS, word_lm=WEIGHTS) as rescored_dir:
-        plain, rescored = _open(plain_dir), _open(rescored_dir)
+        plain, rescored = open_speech_version(plain_dir), open_speech_version(rescored_dir)
         yield plain, rescored, WordRescorer(model, **WEIGHTS)
         plain.close()
         rescored.close()
-
-
-def _samples(example: dict) -> tuple[np.ndarray, int]:
-    wav = read_wav((EXAMPLES / example["file"]).read_bytes())
-    return wav.samples().astype(np.float32), wav.sample_rate_hz
 
 
 def _request(audio: AudioInput, nbest: int = 1, read_once: bool = False) -> GenerationRequest:
@@ -79,7 +65,7 @@ def test_the_answer_is_the_candidate_the_word_lm_ranks_first_with_its_own_words(
     plain, rescored, rescorer = engines
     overruled = 0
     for example in speech_examples:
-        samples, rate = _samples(example)
+        samples, rate = example_samples(example)
         speed, winner, was_best = _offline(plain, rescorer, samples, rate, SPEEDS)
         served = rescored.generate(_request(AudioInput(samples=samples, sample_rate_hz=rate), nbest=3), WAIT)
         assert served.text == winner.text
@@ -103,7 +89,7 @@ def test_a_forced_winner_answers_as_the_model_forced_through_it_alone(engines, s
     plain, rescored, rescorer = engines
     forced_any = False
     for example in speech_examples:
-        samples, rate = _samples(example)
+        samples, rate = example_samples(example)
         _, winner, was_best = _offline(plain, rescorer, samples, rate, [1.0])
         if was_best:
             continue
@@ -121,7 +107,7 @@ def test_a_forced_winner_answers_as_the_model_forced_through_it_alone(engines, s
 def test_a_request_read_once_is_still_rescored_among_its_own_candidates(engines, speech_examples):
     plain, rescored, rescorer = engines
     for example in speech_examples:
-        samples, rate = _samples(example)
+        samples, rate = example_samples(example)
         _, winner, _ = _offline(plain, rescorer, samples, rate, [1.0])
         served = rescored.generate(_request(AudioInput(samples=samples, sample_rate_hz=rate), read_once=True), WAIT)
         assert served.text == winner.text
@@ -130,7 +116,7 @@ def test_a_request_read_once_is_still_rescored_among_its_own_candidates(engines,
 def test_a_streamed_answer_equals_the_unary_one(engines, speech_examples):
     _, rescored, _ = engines
     for example in speech_examples:
-        samples, rate = _samples(example)
+        samples, rate = example_samples(example)
         request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
         unary = rescored.generate(request, WAIT)
         streamed = []
@@ -142,7 +128,7 @@ def test_a_streamed_answer_equals_the_unary_one(engines, speech_examples):
 
 def test_cancelling_leaves_nothing_behind(engines, speech_examples):
     _, rescored, _ = engines
-    samples, rate = _samples(speech_examples[0])
+    samples, rate = example_samples(speech_examples[0])
     futures = [rescored.submit(_request(AudioInput(samples=samples, sample_rate_hz=rate))) for _ in range(6)]
     for future in futures:
         rescored.cancel(future)
@@ -154,7 +140,7 @@ def test_cancelling_leaves_nothing_behind(engines, speech_examples):
 def test_a_requests_hotwords_are_free_in_the_rescoring_as_offline(engines, speech_examples):
     plain, rescored, rescorer = engines
     for example in speech_examples[:3]:
-        samples, rate = _samples(example)
+        samples, rate = example_samples(example)
         hotwords = ("zyxt", example["text"].split()[-1])  # one the LM knows, one it never saw
         audio = AudioInput(samples=samples, sample_rate_hz=rate)
         request = dataclasses.replace(_request(audio, nbest=BEAMS, read_once=True))
@@ -176,7 +162,7 @@ def test_get_model_says_the_candidates_are_rescored_and_the_wire_keeps_it(engine
 def test_an_engine_in_a_child_process_rescores_as_in_process(engines, speech_examples):
     """--engine-process: the child loads the word LM from the manifest and answers the same."""
     _, rescored, _ = engines
-    samples, rate = _samples(speech_examples[1])
+    samples, rate = example_samples(speech_examples[1])
     request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
     newest = find_models(REPOSITORY, only=[NAME])[NAME].path
     with decoding_variant(newest, None, True, speeds=SPEEDS, word_lm=WEIGHTS) as rescored_dir:
@@ -197,4 +183,4 @@ def test_a_model_whose_word_lm_file_is_not_one_fails_to_load_naming_it(tmp_path)
             (folder / f.name).symlink_to(f.resolve())
     (folder / manifest["word_language_model"]["file"]).write_bytes(b"not an npz file")
     with pytest.raises(ValueError, match=f"{manifest['word_language_model']['file']}.*not a readable word language model"):
-        _open(folder)
+        open_speech_version(folder)
