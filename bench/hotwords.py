@@ -12,10 +12,8 @@ ratio is the throughput with hotwords over the throughput without.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import functools
-import pathlib
 
 from attnserve.api.generation import DecodingOptions
 from attnserve.export.common.reports import emit
@@ -24,26 +22,19 @@ from attnserve.export.speech import manifest
 from attnserve.export.speech.hotword_eval import hotword_lists, hotword_scores
 from attnserve.export.speech.scoring import error_rate
 from attnserve.server.model.repository import find_models
-from speed_readings import NAME, alternate, transcribe  # bench/, the script's own folder
+from speed_readings import NAME, alternate, clip_arguments, first_clips, transcribe  # bench/, the script's own folder
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
-    parser.add_argument("--corpus", type=pathlib.Path, required=True, help="a speech corpus folder (manifests)")
-    parser.add_argument("--split", default="dev")
+    parser = clip_arguments(__doc__)
     parser.add_argument("--train-split", default="train", help="the transcripts a word counts as seen in")
-    parser.add_argument("--clips", type=int, default=120, help="the first N clips of the split")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
 
     every = manifest.read(args.corpus / f"{args.split}.jsonl")
     training = manifest.read(args.corpus / f"{args.train_split}.jsonl")
     seen = collections.Counter(w for r in training for w in r["text"].split())
     lists = hotword_lists(every, seen)
-    rows = sorted(every[: args.clips], key=lambda r: r["duration"])
-    wavs = [(args.corpus / r["path"]).read_bytes() for r in rows]
+    rows, wavs = first_clips(args, every)
     arms = {"without": [DecodingOptions()] * len(rows),
             "with hotwords": [DecodingOptions(hotwords=lists[r["source"]]) for r in rows]}
     engine = open_engine(find_models(args.models, only=[NAME])[NAME].path)

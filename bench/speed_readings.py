@@ -23,6 +23,7 @@ from attnserve.export.common.serving import open_engine
 from attnserve.export.speech import manifest
 from attnserve.export.speech.evaluate import decoding_variant
 from attnserve.export.speech.scoring import error_rate
+from attnserve.server.model.manifest import load_manifest
 from attnserve.server.model.repository import find_models
 from attnserve.export.common.reports import emit
 
@@ -53,30 +54,45 @@ def alternate(arms: dict[str, Callable[[], tuple[list[str], float]]], rounds: in
     return texts, seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def clip_arguments(description: str) -> argparse.ArgumentParser:
+    """The options the speech benches share: the models, the corpus split, how many clips, rounds, --out."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
     parser.add_argument("--corpus", type=pathlib.Path, required=True, help="a speech corpus folder (manifests)")
     parser.add_argument("--split", default="dev")
     parser.add_argument("--clips", type=int, default=120, help="the first N clips of the split")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=pathlib.Path)
-    args = parser.parse_args()
+    return parser
 
-    rows = manifest.read(args.corpus / f"{args.split}.jsonl")
-    rows = sorted(rows[: args.clips], key=lambda r: r["duration"])
-    wavs, references = [(args.corpus / r["path"]).read_bytes() for r in rows], [r["text"] for r in rows]
+
+def first_clips(args: argparse.Namespace, every: list[dict]) -> tuple[list[dict], list[bytes]]:
+    """The split's first --clips rows, shortest first, and their WAV bytes."""
+    rows = sorted(every[: args.clips], key=lambda r: r["duration"])
+    return rows, [(args.corpus / r["path"]).read_bytes() for r in rows]
+
+
+def race(model_dirs: dict[str, pathlib.Path], wavs: list[bytes], rounds: int
+         ) -> tuple[dict[str, list[str]], dict[str, list[float]]]:
+    """Each version folder's engine transcribes the clips once per round, alternating (see `alternate`);
+    the engines are closed after."""
+    engines = {name: open_engine(folder) for name, folder in model_dirs.items()}
+    try:
+        return alternate({n: functools.partial(transcribe, e, wavs) for n, e in engines.items()}, rounds)
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
+def main() -> None:
+    args = clip_arguments(__doc__).parse_args()
+    rows, wavs = first_clips(args, manifest.read(args.corpus / f"{args.split}.jsonl"))
+    references = [r["text"] for r in rows]
     audio_seconds = sum(r["duration"] for r in rows)
     newest = find_models(args.models, only=[NAME])[NAME].path
+    speeds = list(load_manifest(newest / "manifest.json").decoding.speeds)
     with decoding_variant(newest, None, True, speeds=[1.0]) as once_dir:
-        engines = {"read once": open_engine(once_dir), "speed readings": open_engine(newest)}
-        speeds = list(engines["speed readings"].manifest.decoding.speeds)
-        try:
-            texts, seconds = alternate({n: functools.partial(transcribe, e, wavs) for n, e in engines.items()},
-                                       args.rounds)
-        finally:
-            for engine in engines.values():
-                engine.close()
+        texts, seconds = race({"read once": once_dir, "speed readings": newest}, wavs, args.rounds)
     report = {
         "model": str(newest), "speeds": speeds, "split": args.split, "clips": len(rows),
         "audio_seconds": round(audio_seconds, 1), "rounds": args.rounds,

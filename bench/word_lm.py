@@ -11,42 +11,24 @@ ratio is the throughput with the LM over the throughput without.
 
 from __future__ import annotations
 
-import argparse
-import functools
-import pathlib
 
 from attnserve.export.common.reports import emit
-from attnserve.export.common.serving import open_engine
 from attnserve.export.speech import manifest
 from attnserve.export.speech.evaluate import decoding_variant
 from attnserve.export.speech.scoring import error_rate
+from attnserve.server.model.manifest import load_manifest
 from attnserve.server.model.repository import find_models
-from speed_readings import NAME, alternate, transcribe  # bench/, the script's own folder
+from speed_readings import NAME, clip_arguments, first_clips, race  # bench/, the script's own folder
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", type=pathlib.Path, default=pathlib.Path("models"))
-    parser.add_argument("--corpus", type=pathlib.Path, required=True, help="a speech corpus folder (manifests)")
-    parser.add_argument("--split", default="dev")
-    parser.add_argument("--clips", type=int, default=120, help="the first N clips of the split")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=pathlib.Path)
-    args = parser.parse_args()
-
-    rows = sorted(manifest.read(args.corpus / f"{args.split}.jsonl")[: args.clips], key=lambda r: r["duration"])
-    wavs = [(args.corpus / r["path"]).read_bytes() for r in rows]
+    args = clip_arguments(__doc__).parse_args()
+    rows, wavs = first_clips(args, manifest.read(args.corpus / f"{args.split}.jsonl"))
     newest = find_models(args.models, only=[NAME])[NAME].path
+    if load_manifest(newest / "manifest.json").word_language_model is None:
+        raise SystemExit(f"{newest} names no word_language_model")
     with decoding_variant(newest, None, True, word_lm=False) as plain_dir:
-        engines = {"without word LM": open_engine(plain_dir), "with word LM": open_engine(newest)}
-        if engines["with word LM"].manifest.word_language_model is None:
-            raise SystemExit(f"{newest} names no word_language_model")
-        try:
-            texts, seconds = alternate({n: functools.partial(transcribe, e, wavs) for n, e in engines.items()},
-                                       args.rounds)
-        finally:
-            for engine in engines.values():
-                engine.close()
+        texts, seconds = race({"without word LM": plain_dir, "with word LM": newest}, wavs, args.rounds)
     audio_seconds = sum(r["duration"] for r in rows)
     rates = {name: round(audio_seconds * args.rounds / sum(s), 2) for name, s in seconds.items()}
     report = {
