@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from attnserve.api.generation import FinishReason, GenerationResult, ScoredSequence
 from attnserve.server.decoding.prepared import PreparedRequest
+from attnserve.server.decoding.word_lm import summed_log_prob
 from attnserve.server.engine.joined import InFlight, settle, when_all_done
 from attnserve.server.inputs.preprocessing import TextSource
 
@@ -110,7 +111,8 @@ class Reranker:
         """Ranks the candidates; answers with the winner (round 3 first if it needs its own attention)."""
         prepared, weight = job.prepared, job.prepared.request.decoding.reverse_weight
         ranked = sorted(
-            (dataclasses.replace(c, score=c.score + weight * _summed_logprob(b)) for c, b in zip(beam.nbest, backward)),
+            (dataclasses.replace(c, score=c.score + weight * summed_log_prob(b.nbest[0]))
+             for c, b in zip(beam.nbest, backward)),
             key=lambda c: -c.score,
         )  # stable: the beam's order breaks ties
         wanted = prepared.request.decoding.num_return_sequences
@@ -139,8 +141,3 @@ class Reranker:
         timings = dataclasses.replace(beam.timings, total_seconds=total,
                                       decode_seconds=beam.timings.decode_seconds + total - beam.timings.total_seconds)
         settle(job.outer, dataclasses.replace(result, timings=timings, nbest=nbest))
-
-
-def _summed_logprob(forced: GenerationResult) -> float:
-    """A forced request's log-probability of its whole output, EOS included (its score is the mean)."""
-    return forced.nbest[0].score * (len(forced.tokens) + 1)
