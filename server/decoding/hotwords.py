@@ -108,6 +108,11 @@ def hotword_vocabulary(tokenizer: Tokenizer) -> Vocabulary:
     return Vocabulary(tuple(tokenizer.pieces(ids)), special, marker)
 
 
+def hotword_words(phrases: Sequence[str]) -> list[str]:
+    """The words of a request's hotword phrases, each once, in order: a phrase's words count one by one."""
+    return list(dict.fromkeys(w for phrase in phrases for w in phrase.split()))
+
+
 def hotword_bias(phrases: Sequence[str], boost: float, vocabulary: Vocabulary, model: str) -> HotwordBias:
     """A request's hotwords checked and split into words.
 
@@ -117,7 +122,7 @@ def hotword_bias(phrases: Sequence[str], boost: float, vocabulary: Vocabulary, m
     """
     if not 0 < boost <= MAX_BOOST:
         raise ValueError(f"hotword_boost {boost} is out of range: use a number in (0, {MAX_BOOST:g}] (0 = the default)")
-    words = list(dict.fromkeys(w for phrase in phrases for w in phrase.split()))
+    words = hotword_words(phrases)
     if not words:
         raise ValueError("hotwords holds no word: send words separated by spaces, or none")
     if len(words) > MAX_HOTWORDS:

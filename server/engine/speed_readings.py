@@ -45,6 +45,7 @@ from attnserve.api.generation import (
     StreamedToken,
 )
 from attnserve.server.attention.explanation import explain
+from attnserve.server.decoding.hotwords import hotword_words
 from attnserve.server.decoding.prepared import PreparedRequest
 from attnserve.server.decoding.word_lm import WordRescorer
 from attnserve.server.engine.joined import InFlight, settle, when_all_done
@@ -169,7 +170,7 @@ class SpeedReadings:
     def _rescore(self, job: _Job, results: list[GenerationResult]) -> None:
         """Every reading's candidates ranked by the word LM; the winner forced through the model when it is
         not its reading's best sequence."""
-        hotwords = frozenset(w for phrase in job.readings[0].prepared.request.decoding.hotwords for w in phrase.split())
+        hotwords = frozenset(hotword_words(job.readings[0].prepared.request.decoding.hotwords))
         ranked = sorted(((self._rescorer.score(c, hotwords), i, j) for i, r in enumerate(results)
                          for j, c in enumerate(r.nbest)),
                         key=lambda x: (-x[0], x[1], x[2]))  # ties: the recording first, then the beam's order

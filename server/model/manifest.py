@@ -447,8 +447,7 @@ def _word_language_model(r: FieldReader, spec: InputSpec) -> WordLanguageModelSp
     if "word_language_model" not in r.data:
         return None
     lm = r.obj("word_language_model")
-    if spec.kind != "audio":
-        r.fail_field("word_language_model", f"applies to audio input, not {spec.kind}")
+    _require_audio(r, "word_language_model", spec)
     weight = lm.number("weight", default=WordLanguageModelSpec.weight)
     if not 0 <= weight <= 10:
         lm.fail_field("weight", f"must be in [0, 10], got {weight}")
@@ -468,11 +467,15 @@ def _decoding_defaults(r: FieldReader, spec: InputSpec) -> DecodingDefaults:
                                                            default=DecodingDefaults.word_confidence_scale))
 
 
+def _require_audio(r: FieldReader, field: str, spec: InputSpec) -> None:
+    if spec.kind != "audio":
+        r.fail_field(field, f"applies to audio input, not {spec.kind}")
+
+
 def _speeds(d: FieldReader, spec: InputSpec) -> tuple[float, ...]:
     if "speeds" not in d.data:
         return DecodingDefaults.speeds
-    if spec.kind != "audio":
-        d.fail_field("speeds", f"applies to audio input, not {spec.kind}")
+    _require_audio(d, "speeds", spec)
     values = d.get("speeds", list)
     rate = spec.features.sample_rate_hz
     ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0.5 <= v <= 2.0 for v in values)
