@@ -280,12 +280,24 @@ class ListenAttendSpell(nn.Module):
         Returns:
             attention logits (B, U, V); CTC log-probabilities (B, T / ctc_reduction, V) and their lengths (B,).
         """
+        memory, reduced, ctc, ctc_lengths = self.listen(features, mask, augment, bf16_listener)
+        return self.spell(memory, reduced, tgt_in), ctc, ctc_lengths
+
+    def listen(self, features, mask, augment: Callable | None = None, bf16_listener: bool = False):
+        """forward()'s listener half: memory (B, S, 2H) and its mask (B, S) for `spell`, and the CTC
+        log-probabilities (B, T / ctc_reduction, V) with their lengths (B,)."""
         with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=bf16_listener):
             memory, reduced, ctc_states, ctc_mask = self.listener(features, mask, augment)
         memory, ctc_states = memory.float(), ctc_states.float()
+        ctc = self.ctc_head(self.listener.dropout(ctc_states)).log_softmax(-1)
+        return memory, reduced, ctc, ctc_mask.sum(1)
+
+    def spell(self, memory: torch.Tensor, reduced: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """The speller teacher-forced through tgt_in (B, U) over the listener states memory (B, S, 2H) with
+        their mask reduced (B, S): logits (B, U, V)."""
         keys = self.speller.attention.keys(memory)
         h, c = self.speller.initial_state(memory, reduced)
-        context = self.initial_context(features.shape[0]).to(memory.dtype)
+        context = self.initial_context(memory.shape[0]).to(memory.dtype)
         weights = torch.zeros(reduced.shape, dtype=memory.dtype)
         embedded = self.speller.embed(tgt_in)  # (B, U, E)
         logits = []
@@ -293,8 +305,7 @@ class ListenAttendSpell(nn.Module):
             step_logits, h, c, context, weights = self.speller.step(
                 embedded[:, u], h, c, context, weights, memory, keys, reduced)
             logits.append(step_logits)
-        ctc = self.ctc_head(self.listener.dropout(ctc_states)).log_softmax(-1)
-        return torch.stack(logits, dim=1), ctc, ctc_mask.sum(1)
+        return torch.stack(logits, dim=1)
 
     @torch.no_grad()
     def greedy_decode(self, features, mask, max_new_tokens: int, suppress_ids: Sequence[int] = (),

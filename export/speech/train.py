@@ -14,7 +14,8 @@ model; the held-out voices are for evaluation alone.
 
 Each batch is padded and length-sorted (packed LSTMs train ~50x slower on CPU); the loss is the joint
 CTC-attention loss, 0.3 CTC (on the 4x-reduced listener layer) + 0.7 label-smoothed attention
-cross-entropy; a mel warp and SpecAugment masks perturb every training clip.
+cross-entropy; a mel warp and SpecAugment masks perturb every training clip. `--mwer-weight` adds the
+expected word errors of each clip's own candidates (export/speech/mwer.py), for fine-tuning a trained model.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from attnserve.export.common.training import RunClock, inverse_sqrt, save_checkp
 from attnserve.export.speech import vocabulary
 from attnserve.export.speech.feature_cache import SplitFeatures, load_split
 from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig, pad_features
+from attnserve.export.speech.mwer import mwer_loss
 from attnserve.export.speech.scoring import error_rate
 from attnserve.export.speech.specaugment import AugmentOptions, SpecAugment
 
@@ -72,6 +74,10 @@ class TrainOptions:
     device: str = "cpu"
     # Train the listener in bf16 autocast (CPUs with AMX / AVX512-BF16); the speller and the losses stay float32.
     bf16_listener: bool = False
+    # Fine-tuning: add mwer_weight x the expected relative word errors per character over each clip's greedy
+    # output and mwer_draws random ones (export/speech/mwer.py); 0 = cross-entropy and CTC alone.
+    mwer_weight: float = 0.0
+    mwer_draws: int = 4
 
     def __post_init__(self):
         if torch.device(self.device).type not in ("cpu", "cuda"):
@@ -80,6 +86,8 @@ class TrainOptions:
             raise ValueError(f"ctc_weight must be in [0, 1], got {self.ctc_weight}")
         if self.batch_seconds <= 0 or self.max_batch < 1:
             raise ValueError("batch_seconds and max_batch must be positive")
+        if self.mwer_weight < 0 or self.mwer_draws < 1:
+            raise ValueError("mwer_weight must be >= 0 and mwer_draws >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,10 +144,11 @@ def collate(split: SplitFeatures, targets: list[list[int]], indices: list[int], 
 
 def losses(model: ListenAttendSpell, batch: Batch, label_smoothing: float, augment: SpecAugment | None = None,
            bf16_listener: bool = False):
-    """Summed attention cross-entropy and CTC loss of a batch (divide by batch.tokens for per-character), and
-    the CTC branch's (B, T', V) log-probabilities with their lengths."""
+    """Summed attention cross-entropy and CTC loss of a batch (divide by batch.tokens for per-character), the
+    CTC branch's (B, T', V) log-probabilities with their lengths, and the listener's (memory, mask)."""
     features = augment.warp(batch.features) if augment is not None else batch.features
-    logits, ctc, ctc_lengths = model(features, batch.mask, batch.tgt_in, augment, bf16_listener)
+    memory, reduced, ctc, ctc_lengths = model.listen(features, batch.mask, augment, bf16_listener)
+    logits = model.spell(memory, reduced, batch.tgt_in)
     attention = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), batch.tgt_out.reshape(-1),
         ignore_index=vocabulary.PAD_ID, label_smoothing=label_smoothing, reduction="sum",
@@ -150,12 +159,19 @@ def losses(model: ListenAttendSpell, batch: Batch, label_smoothing: float, augme
         ctc.transpose(0, 1), chars, ctc_lengths, lengths,
         blank=vocabulary.BLANK_ID, reduction="sum", zero_infinity=True,  # a few fast clips have too few frames
     )
-    return attention, ctc_loss, (ctc, ctc_lengths)
+    return attention, ctc_loss, (ctc, ctc_lengths), (memory, reduced)
 
 
-def joint_loss(model, batch: Batch, opts: TrainOptions, augment: SpecAugment | None = None) -> torch.Tensor:
-    attention, ctc, _ = losses(model, batch, opts.label_smoothing, augment, opts.bf16_listener)
-    return (opts.ctc_weight * ctc + (1 - opts.ctc_weight) * attention) / batch.tokens
+def joint_loss(model, batch: Batch, opts: TrainOptions, augment: SpecAugment | None = None,
+               references: list[str] | None = None, tokenizer: Tokenizer | None = None) -> torch.Tensor:
+    """Per character: the joint CTC-attention loss, plus, with opts.mwer_weight, the expected relative word
+    errors of the clips' own candidates against their `references` (decoded with `tokenizer`)."""
+    attention, ctc, _, (memory, reduced) = losses(model, batch, opts.label_smoothing, augment, opts.bf16_listener)
+    loss = opts.ctc_weight * ctc + (1 - opts.ctc_weight) * attention
+    if opts.mwer_weight:
+        loss = loss + opts.mwer_weight * mwer_loss(model, memory, reduced, references, tokenizer.decode,
+                                                   opts.mwer_draws, vocabulary.suppressed_ids())
+    return loss / batch.tokens
 
 
 def ctc_greedy(log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
@@ -183,7 +199,7 @@ def evaluate(model, split: SplitFeatures, targets, tokenizer: Tokenizer, opts: T
         longest = batch.features.shape[1] / 100  # seconds
         limit = math.ceil(vocabulary.MAX_CHARACTERS_PER_SECOND * longest) + 8
         with on_device(opts.device):
-            attention, ctc, ctc_outputs = losses(model, batch, 0.0)
+            attention, ctc, ctc_outputs, _ = losses(model, batch, 0.0)
             outputs, _ = model.greedy_decode(batch.features, batch.mask, limit, vocabulary.suppressed_ids())
         attention_sum, ctc_sum, tokens = attention_sum + attention.item(), ctc_sum + ctc.item(), tokens + batch.tokens
         for i, ids, ctc_ids in zip(indices, outputs, ctc_greedy(*ctc_outputs)):
@@ -363,7 +379,8 @@ def run_epochs(model, optimizer, train_data, dev_data, tokenizer, state, run, mi
                 group["lr"] = inverse_sqrt(state["step"] + 1, opts)
             batch = collate(split, targets, indices, model.cfg.time_reduction).to(opts.device)
             with on_device(opts.device):
-                loss = joint_loss(model, batch, opts, augment)
+                references = [split.utterances[i].text for i in indices] if opts.mwer_weight else None
+                loss = joint_loss(model, batch, opts, augment, references, tokenizer)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), opts.clip_norm)
@@ -435,6 +452,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ctc-layer", type=int, default=ListenAttendSpellConfig.ctc_layer,
                         help="pyramid layers below the CTC head")
     parser.add_argument("--ctc-weight", type=float, default=TrainOptions.ctc_weight)
+    parser.add_argument("--mwer-weight", type=float, default=TrainOptions.mwer_weight,
+                        help="fine-tune with this weight on the expected word errors of each clip's own candidates "
+                             "(export/speech/mwer.py); 0 = off")
+    parser.add_argument("--mwer-draws", type=int, default=TrainOptions.mwer_draws,
+                        help="random candidates per clip beside the greedy one")
     parser.add_argument("--warp", type=float, nargs=2, metavar=("MIN", "MAX"),
                         default=(AugmentOptions.warp_min, AugmentOptions.warp_max),
                         help="range of the random mel-axis warp factor (above 1: spectra moved up, as a smaller "
@@ -466,7 +488,7 @@ def main() -> None:
     )
     opts = TrainOptions(batch_seconds=args.batch_seconds, max_batch=args.max_batch, lr=args.lr, ctc_weight=args.ctc_weight,
                         checkpoint_minutes=args.checkpoint_minutes, dev_clips=args.dev_clips, device=args.device,
-                        bf16_listener=args.bf16_listener,
+                        bf16_listener=args.bf16_listener, mwer_weight=args.mwer_weight, mwer_draws=args.mwer_draws,
                         augment=AugmentOptions(warp_min=args.warp[0], warp_max=args.warp[1]))
     train(args.corpus, args.run, args.minutes, cfg, opts, args.features, args.init_weights, args.fresh_optimizer)
 
