@@ -88,6 +88,8 @@ def test_the_mwer_term_reaches_the_listener_and_joins_the_training_loss():
     with_mwer = joint_loss(model, batch, TrainOptions(label_smoothing=0.0, mwer_weight=1.0, mwer_draws=3),
                            None, references, tokenizer)
     assert with_mwer.item() != plain.item()
+    with pytest.raises(ValueError, match="reference transcripts"):
+        joint_loss(model, batch, TrainOptions(mwer_weight=1.0))
 
 
 def test_sgd_on_the_expected_relative_errors_lowers_them():

@@ -169,6 +169,8 @@ def joint_loss(model, batch: Batch, opts: TrainOptions, augment: SpecAugment | N
     attention, ctc, _, (memory, reduced) = losses(model, batch, opts.label_smoothing, augment, opts.bf16_listener)
     loss = opts.ctc_weight * ctc + (1 - opts.ctc_weight) * attention
     if opts.mwer_weight:
+        if references is None or tokenizer is None:
+            raise ValueError("mwer_weight needs the batch's reference transcripts and the tokenizer to score words")
         loss = loss + opts.mwer_weight * mwer_loss(model, memory, reduced, references, tokenizer.decode,
                                                    opts.mwer_draws, vocabulary.suppressed_ids())
     return loss / batch.tokens
