@@ -111,20 +111,34 @@ def transcribe(engine, corpus: pathlib.Path, rows: list[dict], beam_size: int, a
 
     options = AttentionOptions(enabled=attention, granularity=AttentionGranularity.WORDS)
     options_for = decoding or (lambda search, row: search)
-    order = sorted(range(len(rows)), key=lambda i: rows[i]["duration"])
-    results = [None] * len(rows)
-    per_chunk = 128 // len(engine.manifest.decoding.speeds)  # stay under the batcher's queue bound: each
-    for begin in range(0, len(order), per_chunk):  # clip is queued once per speed it is read at
-        chunk = order[begin : begin + per_chunk]
-        futures = [
-            engine.submit(GenerationRequest(
-                engine.manifest.name, audio=audio(i),
-                decoding=options_for(DecodingOptions(beam_size=beam_size), rows[i]), attention=options,
-            ))
-            for i in chunk
-        ]
+    per_chunk = 128 // len(engine.manifest.decoding.speeds)  # each clip is queued once per speed it is read at
+    return served_shortest_first(engine, [r["duration"] for r in rows], lambda i: GenerationRequest(
+        engine.manifest.name, audio=audio(i), decoding=options_for(DecodingOptions(beam_size=beam_size), rows[i]),
+        attention=options), per_chunk)
+
+
+def served_shortest_first(engine, durations: list[float], request_for, per_chunk: int,
+                          refused_as_none: bool = False) -> list:
+    """The engine's result for request_for(i) of every clip i, in clip order; clips are submitted shortest
+    first, so batches pad little, and `per_chunk` at a time, under the batcher's queue bound.
+
+    Args:
+        refused_as_none: a request the engine refuses on submission (ValueError: e.g. slowed past the model's
+            window) gives None instead of raising.
+    """
+    order = sorted(range(len(durations)), key=lambda i: durations[i])
+    results = [None] * len(durations)
+    for begin in range(0, len(order), per_chunk):
+        chunk, futures = order[begin : begin + per_chunk], []
+        for i in chunk:
+            try:
+                futures.append(engine.submit(request_for(i)))
+            except ValueError:
+                if not refused_as_none:
+                    raise
+                futures.append(None)
         for i, future in zip(chunk, futures):
-            results[i] = future.result()
+            results[i] = future.result() if future is not None else None
     return results
 
 

@@ -25,7 +25,7 @@ from attnserve.api.generation import AudioInput, DecodingOptions, GenerationRequ
 from attnserve.export.common.reports import emit
 from attnserve.export.common.serving import open_engine
 from attnserve.export.speech import manifest
-from attnserve.export.speech.evaluate import decoding_variant
+from attnserve.export.speech.evaluate import decoding_variant, served_shortest_first
 from attnserve.export.speech.scoring import error_rate
 from attnserve.server.decoding.word_lm import WordLanguageModel, WordRescorer
 from attnserve.server.inputs.audio import read_wav
@@ -46,20 +46,18 @@ def candidates(engine, corpus: pathlib.Path, rows: list[dict], speeds: list[floa
     """Every clip's candidates at every speed, decoded without a word LM; a reading the engine refuses (slowed
     past the window) has none."""
     clips = [Clip(r["text"], []) for r in rows]
-    order = sorted(range(len(rows)), key=lambda i: rows[i]["duration"])
+
+    def request(i: int, speed: float) -> GenerationRequest:
+        wav = read_wav((corpus / rows[i]["path"]).read_bytes())
+        audio = AudioInput(samples=wav.samples(), sample_rate_hz=round(wav.sample_rate_hz * speed))
+        return GenerationRequest(engine.manifest.name, audio=audio,
+                                 decoding=DecodingOptions(beam_size=beams, num_return_sequences=beams))
+
     for speed in speeds:
-        for begin in range(0, len(order), 64):  # under the batcher's queue bound
-            chunk, futures = order[begin : begin + 64], []
-            for i in chunk:
-                wav = read_wav((corpus / rows[i]["path"]).read_bytes())
-                audio = AudioInput(samples=wav.samples(), sample_rate_hz=round(wav.sample_rate_hz * speed))
-                try:
-                    futures.append(engine.submit(GenerationRequest(
-                        engine.manifest.name, audio=audio, decoding=DecodingOptions(beam_size=beams, num_return_sequences=beams))))
-                except ValueError:
-                    futures.append(None)
-            for i, future in zip(chunk, futures):
-                clips[i].readings.append(future.result().nbest if future is not None else [])
+        results = served_shortest_first(engine, [r["duration"] for r in rows], lambda i: request(i, speed), 64,
+                                        refused_as_none=True)
+        for clip, result in zip(clips, results):
+            clip.readings.append(result.nbest if result is not None else [])
     return clips
 
 
