@@ -11,11 +11,13 @@ import subprocess
 import numpy as np
 import pytest
 
+from attnserve.export.speech.evaluate import decoding_variant
 from attnserve.server.engine.batcher import BatchingOptions
 from attnserve.server.engine.registry import load_engine
 from attnserve.server.inputs.audio import read_wav, resample
 from attnserve.server.model.repository import find_models
 from attnserve.server.model.runtime import RuntimeOptions
+from served_process import generate_in_engine_process
 
 RATE = 16000
 BUNDLED = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
@@ -73,3 +75,13 @@ def open_speech_version(model_dir: pathlib.Path):
     return load_engine(find_models(model_dir.parent.parent)[SPEECH], RuntimeOptions(),
                        BatchingOptions(max_batch_size=8, window_ms=100.0))
 
+
+
+def child_and_in_process(engine, request, wait: float, **variant):
+    """`request` answered by the bundled speech model's newest version, changed as `decoding_variant(**variant)`
+    says and loaded in a child process as `--engine-process` loads it, and by `engine` in process:
+    (child's answer, in-process answer)."""
+    newest = find_models(BUNDLED, only=[SPEECH])[SPEECH].path
+    with decoding_variant(newest, None, True, **variant) as variant_dir:
+        child = generate_in_engine_process(variant_dir, request, wait)
+    return child, engine.generate(request, wait)

@@ -18,8 +18,7 @@ from attnserve.export.speech.evaluate import decoding_variant
 from attnserve.server.engine.speed_readings import column_map
 from attnserve.server.model.manifest import parse_manifest
 from attnserve.server.model.repository import find_models
-from served_process import generate_in_engine_process
-from speech_clips import example_samples, open_speech_version
+from speech_clips import child_and_in_process, example_samples, open_speech_version
 
 REPOSITORY = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
 NAME = "speech-en"
@@ -215,10 +214,7 @@ def test_an_engine_in_a_child_process_reads_as_in_process(engines, speech_exampl
     _, read = engines
     samples, rate = example_samples(speech_examples[1])
     request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
-    newest = find_models(REPOSITORY, only=[NAME])[NAME].path
-    with decoding_variant(newest, None, True, speeds=SPEEDS, word_lm=False) as read_dir:
-        child = generate_in_engine_process(read_dir, request, WAIT)
-    alone = read.generate(request, WAIT)
+    child, alone = child_and_in_process(read, request, WAIT, speeds=SPEEDS, word_lm=False)
     assert (child.text, child.words, child.attention.weights) == (alone.text, alone.words, alone.attention.weights)
 
 

@@ -17,8 +17,7 @@ from attnserve.api.generation import (AttentionGranularity, AttentionOptions, Au
 from attnserve.export.speech.evaluate import decoding_variant
 from attnserve.server.decoding.word_lm import WordLanguageModel, WordRescorer
 from attnserve.server.model.repository import find_models
-from served_process import generate_in_engine_process
-from speech_clips import example_samples, open_speech_version
+from speech_clips import child_and_in_process, example_samples, open_speech_version
 
 REPOSITORY = pathlib.Path(os.environ.get("ATTNSERVE_BUNDLED_MODELS", pathlib.Path(__file__).parents[1] / "models"))
 NAME = "speech-en"
@@ -164,10 +163,7 @@ def test_an_engine_in_a_child_process_rescores_as_in_process(engines, speech_exa
     _, rescored, _ = engines
     samples, rate = example_samples(speech_examples[1])
     request = _request(AudioInput(samples=samples, sample_rate_hz=rate))
-    newest = find_models(REPOSITORY, only=[NAME])[NAME].path
-    with decoding_variant(newest, None, True, speeds=SPEEDS, word_lm=WEIGHTS) as rescored_dir:
-        child = generate_in_engine_process(rescored_dir, request, WAIT)
-    alone = rescored.generate(request, WAIT)
+    child, alone = child_and_in_process(rescored, request, WAIT, speeds=SPEEDS, word_lm=WEIGHTS)
     assert (child.text, child.words, child.attention.weights) == (alone.text, alone.words, alone.attention.weights)
 
 
