@@ -292,13 +292,18 @@ class ListenAttendSpell(nn.Module):
         ctc = self.ctc_head(self.listener.dropout(ctc_states)).log_softmax(-1)
         return memory, reduced, ctc, ctc_mask.sum(1)
 
-    def spell(self, memory: torch.Tensor, reduced: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        """The speller teacher-forced through tgt_in (B, U) over the listener states memory (B, S, 2H) with
-        their mask reduced (B, S): logits (B, U, V)."""
+    def start_spelling(self, memory: torch.Tensor, reduced: torch.Tensor):
+        """What the speller's first step takes beside the listener states: their keys (B, S, A), h, c (B, Hs),
+        a zero context (B, 2H) and zero previous attention (B, S)."""
         keys = self.speller.attention.keys(memory)
         h, c = self.speller.initial_state(memory, reduced)
         context = self.initial_context(memory.shape[0]).to(memory.dtype)
-        weights = torch.zeros(reduced.shape, dtype=memory.dtype)
+        return keys, h, c, context, torch.zeros(reduced.shape, dtype=memory.dtype)
+
+    def spell(self, memory: torch.Tensor, reduced: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """The speller teacher-forced through tgt_in (B, U) over the listener states memory (B, S, 2H) with
+        their mask reduced (B, S): logits (B, U, V)."""
+        keys, h, c, context, weights = self.start_spelling(memory, reduced)
         embedded = self.speller.embed(tgt_in)  # (B, U, E)
         logits = []
         for u in range(tgt_in.shape[1]):
@@ -339,6 +344,15 @@ class ListenAttendSpell(nn.Module):
         start = torch.full((features.shape[0],), vocabulary.START_ID)
         outputs, attentions = greedy_search(step, start, vocabulary.EOS_ID, max_new_tokens, suppress_ids)
         return outputs, [torch.stack(a) if a else torch.zeros(0, memory.shape[1]) for a in attentions]
+
+
+def teacher_forcing_targets(sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, U) tgt_in (the start token, then each sequence) and tgt_out (each sequence, then EOS), <pad>-padded."""
+    u = max(len(s) for s in sequences) + 1
+    tgt = torch.full((len(sequences), u + 1), vocabulary.PAD_ID)
+    for row, sequence in enumerate(sequences):
+        tgt[row, : len(sequence) + 2] = torch.tensor([vocabulary.START_ID, *sequence, vocabulary.EOS_ID])
+    return tgt[:, :-1], tgt[:, 1:]
 
 
 def pad_features(clips: Sequence[torch.Tensor], multiple: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,7 @@ import torch
 from torch.nn import functional as F
 
 from attnserve.export.speech import vocabulary
-from attnserve.export.speech.model import ListenAttendSpell
+from attnserve.export.speech.model import ListenAttendSpell, teacher_forcing_targets
 from attnserve.export.speech.scoring import edit_distance
 
 
@@ -33,10 +33,7 @@ def draw_candidates(model: ListenAttendSpell, memory: torch.Tensor, reduced: tor
     was_training = model.training
     model.eval()
     try:
-        keys = model.speller.attention.keys(memory)
-        h, c = model.speller.initial_state(memory, reduced)
-        context = model.initial_context(len(limits)).to(memory.dtype)
-        weights = torch.zeros(reduced.shape, dtype=memory.dtype)
+        keys, h, c, context, weights = model.start_spelling(memory, reduced)
         ids = torch.full((len(limits),), vocabulary.START_ID)
         done = torch.zeros(len(limits), dtype=torch.bool)
         out = [[] for _ in range(len(limits))]
@@ -60,13 +57,7 @@ def sequence_log_probs(model: ListenAttendSpell, memory: torch.Tensor, reduced: 
                        candidates: list[list[list[int]]]) -> torch.Tensor:
     """(B, N) summed log-probability of each row's N candidates and their EOS, teacher-forced (with grad)."""
     per_row = len(candidates[0])
-    flat = [c for row in candidates for c in row]
-    u = max(len(c) for c in flat) + 1
-    tgt_in = torch.full((len(flat), u), vocabulary.PAD_ID)
-    tgt_out = torch.full((len(flat), u), vocabulary.PAD_ID)
-    for i, c in enumerate(flat):
-        tgt_in[i, : len(c) + 1] = torch.tensor([vocabulary.START_ID, *c])
-        tgt_out[i, : len(c) + 1] = torch.tensor([*c, vocabulary.EOS_ID])
+    tgt_in, tgt_out = teacher_forcing_targets([c for row in candidates for c in row])
     logits = model.spell(memory.repeat_interleave(per_row, 0), reduced.repeat_interleave(per_row, 0), tgt_in)
     token = -F.cross_entropy(logits.transpose(1, 2), tgt_out, ignore_index=vocabulary.PAD_ID, reduction="none")
     return token.sum(1).view(len(candidates), per_row)

@@ -40,7 +40,8 @@ from attnserve.export.common import cpu_bf16
 from attnserve.export.common.training import RunClock, inverse_sqrt, save_checkpoint
 from attnserve.export.speech import vocabulary
 from attnserve.export.speech.feature_cache import SplitFeatures, load_split
-from attnserve.export.speech.model import ListenAttendSpell, ListenAttendSpellConfig, pad_features
+from attnserve.export.speech.model import (ListenAttendSpell, ListenAttendSpellConfig, pad_features,
+                                            teacher_forcing_targets)
 from attnserve.export.speech.mwer import mwer_loss
 from attnserve.export.speech.scoring import error_rate
 from attnserve.export.speech.specaugment import AugmentOptions, SpecAugment
@@ -133,13 +134,9 @@ def make_batches(frames: list[int], opts: TrainOptions, rng: random.Random) -> l
 def collate(split: SplitFeatures, targets: list[list[int]], indices: list[int], multiple: int) -> Batch:
     clips = [torch.from_numpy(np.array(split.features(i))) for i in indices]
     features, mask = pad_features(clips, multiple)
-    u = max(len(targets[i]) for i in indices) + 1
-    tgt = torch.full((len(indices), u + 1), vocabulary.PAD_ID)
-    for row, i in enumerate(indices):
-        ids = [vocabulary.START_ID, *targets[i], vocabulary.EOS_ID]
-        tgt[row, : len(ids)] = torch.tensor(ids)
+    tgt_in, tgt_out = teacher_forcing_targets([targets[i] for i in indices])
     seconds = sum(split.utterances[i].duration for i in indices)
-    return Batch(features, mask, tgt[:, :-1], tgt[:, 1:], seconds)
+    return Batch(features, mask, tgt_in, tgt_out, seconds)
 
 
 def losses(model: ListenAttendSpell, batch: Batch, label_smoothing: float, augment: SpecAugment | None = None,
